@@ -1,0 +1,285 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+)
+
+// Log is an ordered log per subject on one stream: every entry carries a
+// contiguous sequence (header Runner-Seq, starting at 1) even when several
+// processes append to the same subject, and each subject keeps a bounded
+// byte window of history.
+//
+// Appends use JetStream's expected-last-subject-sequence check: the appender
+// names the stream sequence it believes is the subject's tail, and on a
+// conflict it reads what the other writers appended and retries. No
+// sequencer process exists.
+//
+// A Log is safe for concurrent use. Appends to one subject from one process
+// are serialised; appends to different subjects run in parallel.
+type Log struct {
+	js     jetstream.JetStream
+	stream string
+	budget int64
+	slack  int64
+
+	mu    sync.Mutex
+	tails map[string]*tail
+}
+
+// NewLog returns a log over stream whose subjects each retain at most
+// budget bytes of payload (the newest entry is always kept).
+func NewLog(js jetstream.JetStream, stream string, budget int64) *Log {
+	return &Log{js: js, stream: stream, budget: budget, slack: budget / 16, tails: make(map[string]*tail)}
+}
+
+// Entry is one log entry.
+type Entry struct {
+	Seq       uint64 // Runner-Seq
+	StreamSeq uint64 // JetStream stream sequence
+	Data      []byte
+	Header    nats.Header
+}
+
+type window struct {
+	streamSeq uint64
+	size      int64
+}
+
+// tail is this process's knowledge of one subject's end.
+type tail struct {
+	mu            sync.Mutex
+	loaded        bool
+	lastStreamSeq uint64
+	lastSeq       uint64
+	win           []window // retained entries, oldest first
+	bytes         int64
+}
+
+func (l *Log) tail(subject string) *tail {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t, ok := l.tails[subject]
+	if !ok {
+		t = &tail{}
+		l.tails[subject] = t
+	}
+	return t
+}
+
+// Forget drops the cached tail of subject (after it was purged).
+func (l *Log) Forget(subject string) {
+	l.mu.Lock()
+	delete(l.tails, subject)
+	l.mu.Unlock()
+}
+
+// Append publishes data as the next entry of subject and returns its
+// Runner-Seq. hdr may carry extra headers; it is modified.
+func (l *Log) Append(ctx context.Context, subject string, data []byte, hdr nats.Header) (uint64, error) {
+	t := l.tail(subject)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.loaded {
+		if err := l.catchUp(ctx, subject, t); err != nil {
+			return 0, err
+		}
+		t.loaded = true
+	}
+	if hdr == nil {
+		hdr = nats.Header{}
+	}
+	hdr.Set(jetstream.MsgIDHeader, nuid.Next())
+	msg := &nats.Msg{Subject: subject, Data: data, Header: hdr}
+	for attempt := 0; ; attempt++ {
+		seq := t.lastSeq + 1
+		hdr.Set(HeaderSeq, strconv.FormatUint(seq, 10))
+		ack, err := l.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(t.lastStreamSeq))
+		if err == nil {
+			if ack.Duplicate {
+				// A retried publish that had landed: re-read the tail.
+				if err := l.catchUp(ctx, subject, t); err != nil {
+					return 0, err
+				}
+				return t.lastSeq, nil
+			}
+			t.lastStreamSeq = ack.Sequence
+			t.lastSeq = seq
+			t.win = append(t.win, window{streamSeq: ack.Sequence, size: int64(len(data))})
+			t.bytes += int64(len(data))
+			if err := l.trim(ctx, subject, t); err != nil {
+				return seq, err
+			}
+			return seq, nil
+		}
+		if !isWrongLastSeq(err) || attempt > 1000 {
+			return 0, fmt.Errorf("append %s: %w", subject, err)
+		}
+		if err := l.catchUp(ctx, subject, t); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// trim purges the oldest entries once the window exceeds the budget by more
+// than the slack, down to the budget, always keeping the newest entry.
+func (l *Log) trim(ctx context.Context, subject string, t *tail) error {
+	if l.budget <= 0 || t.bytes <= l.budget+l.slack || len(t.win) < 2 {
+		return nil
+	}
+	n := 0
+	for t.bytes > l.budget && len(t.win)-n > 1 {
+		t.bytes -= t.win[n].size
+		n++
+	}
+	keep := t.win[n].streamSeq
+	t.win = append(t.win[:0], t.win[n:]...)
+	s, err := l.js.Stream(ctx, l.stream)
+	if err != nil {
+		return fmt.Errorf("trim %s: %w", subject, err)
+	}
+	if err := s.Purge(ctx, jetstream.WithPurgeSubject(subject), jetstream.WithPurgeSequence(keep)); err != nil {
+		return fmt.Errorf("trim %s: %w", subject, err)
+	}
+	return nil
+}
+
+// catchUp reads every entry of subject after t.lastStreamSeq into t.
+func (l *Log) catchUp(ctx context.Context, subject string, t *tail) error {
+	return l.scan(ctx, subject, t.lastStreamSeq+1, func(e Entry) {
+		t.lastStreamSeq = e.StreamSeq
+		t.lastSeq = e.Seq
+		t.win = append(t.win, window{streamSeq: e.StreamSeq, size: int64(len(e.Data))})
+		t.bytes += int64(len(e.Data))
+	})
+}
+
+// scan calls fn for every retained entry of subject from stream sequence
+// from up to the subject's current tail, then returns.
+func (l *Log) scan(ctx context.Context, subject string, from uint64, fn func(Entry)) error {
+	s, err := l.js.Stream(ctx, l.stream)
+	if err != nil {
+		return fmt.Errorf("scan %s: %w", subject, err)
+	}
+	last, err := s.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("scan %s: %w", subject, err)
+	}
+	if last.Sequence < from {
+		return nil
+	}
+	// A few missing entries (the usual conflict) are cheapest as direct
+	// gets; a long history (first touch of a subject) streams through an
+	// ordered consumer.
+	seq := from
+	for i := 0; i < 32 && seq <= last.Sequence; i++ {
+		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("scan %s: %w", subject, err)
+		}
+		fn(Entry{Seq: parseSeq(m.Header), StreamSeq: m.Sequence, Data: m.Data, Header: m.Header})
+		seq = m.Sequence + 1
+	}
+	if seq > last.Sequence {
+		return nil
+	}
+	c, err := l.js.OrderedConsumer(ctx, l.stream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{subject},
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    seq,
+	})
+	if err != nil {
+		return fmt.Errorf("scan %s: %w", subject, err)
+	}
+	it, err := c.Messages(jetstream.PullMaxMessages(512))
+	if err != nil {
+		return fmt.Errorf("scan %s: %w", subject, err)
+	}
+	defer it.Stop()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	for {
+		m, err := it.Next()
+		if err != nil {
+			return fmt.Errorf("scan %s: %w", subject, err)
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			return fmt.Errorf("scan %s: %w", subject, err)
+		}
+		fn(Entry{Seq: parseSeq(m.Headers()), StreamSeq: md.Sequence.Stream, Data: m.Data(), Header: m.Headers()})
+		if md.Sequence.Stream >= last.Sequence || md.NumPending == 0 {
+			return nil
+		}
+	}
+}
+
+// Tail returns the Runner-Seq of subject's newest entry (0 when empty).
+func (l *Log) Tail(ctx context.Context, subject string) (uint64, error) {
+	s, err := l.js.Stream(ctx, l.stream)
+	if err != nil {
+		return 0, fmt.Errorf("tail %s: %w", subject, err)
+	}
+	m, err := s.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("tail %s: %w", subject, err)
+	}
+	return parseSeq(m.Header), nil
+}
+
+// Purge deletes every entry of subject (session eviction).
+func (l *Log) Purge(ctx context.Context, subject string) error {
+	s, err := l.js.Stream(ctx, l.stream)
+	if err != nil {
+		return fmt.Errorf("purge %s: %w", subject, err)
+	}
+	if err := s.Purge(ctx, jetstream.WithPurgeSubject(subject)); err != nil {
+		return fmt.Errorf("purge %s: %w", subject, err)
+	}
+	l.mu.Lock()
+	for k := range l.tails {
+		if k == subject || subjectMatches(subject, k) {
+			delete(l.tails, k)
+		}
+	}
+	l.mu.Unlock()
+	return nil
+}
+
+func subjectMatches(pattern, subject string) bool {
+	if n := len(pattern); n >= 2 && pattern[n-1] == '>' && pattern[n-2] == '.' {
+		p := pattern[:n-1]
+		return len(subject) > len(p) && subject[:len(p)] == p
+	}
+	return pattern == subject
+}
+
+func parseSeq(h nats.Header) uint64 {
+	n, _ := strconv.ParseUint(h.Get(HeaderSeq), 10, 64)
+	return n
+}
+
+func isWrongLastSeq(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+	}
+	return false
+}

@@ -1,0 +1,106 @@
+// Package bus holds every NATS JetStream name telorunner uses (streams,
+// buckets, object stores, subjects, headers) and the plumbing on top of them:
+// idempotent provisioning, the per-subject log with contiguous sequences, and
+// compare-and-set helpers for key-value records.
+//
+// Names live in this file and nowhere else.
+package bus
+
+import "strings"
+
+// Streams.
+const (
+	StreamEvents = "RUNNER_EVENTS" // runner.evt.<sessionId>
+	StreamIO     = "RUNNER_IO"     // runner.io.<sessionId>.<app>
+	StreamCmd    = "RUNNER_CMD"    // runner.cmd.start, runner.cmd.adopt (work queue)
+)
+
+// Key-value buckets.
+const (
+	BucketSessions    = "runner_sessions"    // <sessionId> -> session record
+	BucketOwners      = "runner_owners"      // <sessionId> -> driver id (TTL)
+	BucketPresence    = "runner_presence"    // <sessionId>.<edgeId> -> live client count (TTL)
+	BucketAdmission   = "runner_admission"   // slots -> admitted sessions by mode
+	BucketCheckpoints = "runner_checkpoints" // <sessionId> -> checkpoint manifest
+)
+
+// Object stores.
+const (
+	ObjectBundles = "runner_bundles" // <sessionId>
+	ObjectBlobs   = "runner_blobs"   // sha256/<hex>
+)
+
+// KeyAdmissionSlots is the single key of BucketAdmission.
+const KeyAdmissionSlots = "slots"
+
+// Subjects.
+const (
+	SubjectEventsPrefix = "runner.evt."
+	SubjectIOPrefix     = "runner.io."
+	SubjectCmdStart     = "runner.cmd.start"
+	SubjectCmdAdopt     = "runner.cmd.adopt"
+	SubjectCmdAll       = "runner.cmd.>"
+	SubjectCtlPrefix    = "runner.ctl."
+	SubjectWSPrefix     = "runner.ws."
+)
+
+// Consumers.
+const (
+	// ConsumerDrivers is the durable pull consumer on StreamCmd shared by
+	// every pod-driver.
+	ConsumerDrivers = "drivers"
+)
+
+// Request/reply service names (nats.go/micro).
+const (
+	ServiceCtl = "runner-ctl"
+	ServiceWS  = "runner-ws"
+)
+
+// Control verbs on runner.ctl.<sessionId>.<verb>.
+const (
+	CtlStop    = "stop"
+	CtlStdin   = "stdin"
+	CtlResize  = "resize"
+	CtlReload  = "reload"
+	CtlApps    = "apps"
+	CtlSuspend = "suspend"
+)
+
+// Headers.
+const (
+	// HeaderSeq carries the contiguous per-subject sequence of a log entry.
+	HeaderSeq = "Runner-Seq"
+	// HeaderSession names the session a command is about.
+	HeaderSession = "Runner-Session"
+)
+
+// EventsSubject is the event log subject of a session.
+func EventsSubject(sessionID string) string { return SubjectEventsPrefix + sessionID }
+
+// IOSubject is the byte log subject of one app channel of a session.
+func IOSubject(sessionID, app string) string { return SubjectIOPrefix + sessionID + "." + app }
+
+// IOSubjects matches every app channel of a session.
+func IOSubjects(sessionID string) string { return SubjectIOPrefix + sessionID + ".>" }
+
+// CtlSubject is the control subject of one verb for a session.
+func CtlSubject(sessionID, verb string) string { return SubjectCtlPrefix + sessionID + "." + verb }
+
+// CtlSubjects matches every control verb of a session.
+func CtlSubjects(sessionID string) string { return SubjectCtlPrefix + sessionID + ".*" }
+
+// CtlVerb returns the verb of a control subject ("" when it is not one).
+func CtlVerb(subject string) string {
+	if !strings.HasPrefix(subject, SubjectCtlPrefix) {
+		return ""
+	}
+	i := strings.LastIndexByte(subject, '.')
+	return subject[i+1:]
+}
+
+// PresenceKey is the presence key of one edge for a session.
+func PresenceKey(sessionID, edgeID string) string { return sessionID + "." + edgeID }
+
+// BlobKey is the object name of a content-addressed blob.
+func BlobKey(sha256hex string) string { return "sha256/" + sha256hex }

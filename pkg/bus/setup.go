@@ -1,0 +1,146 @@
+package bus
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Limits are the retention settings of the bus. Zero fields take defaults.
+type Limits struct {
+	// Replicas of every stream, bucket and object store (1 embedded, 3 in
+	// production).
+	Replicas int
+	// ReplayBytes is the byte budget of one session's event log and of one
+	// app channel's io log (RUNNER_REPLAY_BUFFER_BYTES). Enforced by Log.
+	ReplayBytes int64
+	// MaxAge is the safety-net age of event and io messages; it must be
+	// longer than any session can live (sessions are purged explicitly).
+	MaxAge time.Duration
+	// MaxMsgsPerSubject is the backstop message count per log subject.
+	MaxMsgsPerSubject int64
+	// OwnerTTL is how long an owner key lives without renewal.
+	OwnerTTL time.Duration
+	// PresenceTTL is how long a presence key lives without renewal.
+	PresenceTTL time.Duration
+}
+
+// Defaults fills the zero fields of l.
+func (l Limits) Defaults() Limits {
+	if l.Replicas <= 0 {
+		l.Replicas = 1
+	}
+	if l.ReplayBytes <= 0 {
+		l.ReplayBytes = 5_000_000
+	}
+	if l.MaxAge <= 0 {
+		l.MaxAge = 30 * 24 * time.Hour
+	}
+	if l.MaxMsgsPerSubject <= 0 {
+		l.MaxMsgsPerSubject = 1_000_000
+	}
+	if l.OwnerTTL <= 0 {
+		l.OwnerTTL = 15 * time.Second
+	}
+	if l.PresenceTTL <= 0 {
+		l.PresenceTTL = 15 * time.Second
+	}
+	return l
+}
+
+// StreamConfigs returns the configuration of every stream.
+func StreamConfigs(l Limits) []jetstream.StreamConfig {
+	l = l.Defaults()
+	return []jetstream.StreamConfig{
+		{
+			Name:              StreamEvents,
+			Subjects:          []string{SubjectEventsPrefix + "*"},
+			Retention:         jetstream.LimitsPolicy,
+			Storage:           jetstream.FileStorage,
+			Replicas:          l.Replicas,
+			MaxAge:            l.MaxAge,
+			MaxMsgsPerSubject: l.MaxMsgsPerSubject,
+			Duplicates:        2 * time.Minute,
+			AllowDirect:       true,
+		},
+		{
+			Name:              StreamIO,
+			Subjects:          []string{SubjectIOPrefix + "*.*"},
+			Retention:         jetstream.LimitsPolicy,
+			Storage:           jetstream.FileStorage,
+			Replicas:          l.Replicas,
+			MaxAge:            l.MaxAge,
+			MaxMsgsPerSubject: l.MaxMsgsPerSubject,
+			Duplicates:        2 * time.Minute,
+			AllowDirect:       true,
+		},
+		{
+			Name:       StreamCmd,
+			Subjects:   []string{SubjectCmdAll},
+			Retention:  jetstream.WorkQueuePolicy,
+			Storage:    jetstream.FileStorage,
+			Replicas:   l.Replicas,
+			Duplicates: 2 * time.Minute,
+		},
+	}
+}
+
+// BucketConfigs returns the configuration of every key-value bucket.
+func BucketConfigs(l Limits) []jetstream.KeyValueConfig {
+	l = l.Defaults()
+	return []jetstream.KeyValueConfig{
+		{Bucket: BucketSessions, History: 1, Storage: jetstream.FileStorage, Replicas: l.Replicas},
+		{Bucket: BucketOwners, History: 1, TTL: l.OwnerTTL, Storage: jetstream.FileStorage, Replicas: l.Replicas},
+		{Bucket: BucketPresence, History: 1, TTL: l.PresenceTTL, Storage: jetstream.FileStorage, Replicas: l.Replicas},
+		{Bucket: BucketAdmission, History: 1, Storage: jetstream.FileStorage, Replicas: l.Replicas},
+		{Bucket: BucketCheckpoints, History: 1, Storage: jetstream.FileStorage, Replicas: l.Replicas},
+	}
+}
+
+// ObjectConfigs returns the configuration of every object store.
+func ObjectConfigs(l Limits) []jetstream.ObjectStoreConfig {
+	l = l.Defaults()
+	return []jetstream.ObjectStoreConfig{
+		{Bucket: ObjectBundles, Storage: jetstream.FileStorage, Replicas: l.Replicas},
+		{Bucket: ObjectBlobs, Storage: jetstream.FileStorage, Replicas: l.Replicas},
+	}
+}
+
+// Provision creates every stream, bucket, object store and the drivers'
+// consumer. It is idempotent: an existing item with the same configuration
+// is left alone, one with different limits is updated in place, and nothing
+// is ever deleted or recreated.
+func Provision(ctx context.Context, js jetstream.JetStream, l Limits) error {
+	for _, cfg := range StreamConfigs(l) {
+		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+			return fmt.Errorf("provision stream %s: %w", cfg.Name, err)
+		}
+	}
+	for _, cfg := range BucketConfigs(l) {
+		if _, err := js.CreateOrUpdateKeyValue(ctx, cfg); err != nil {
+			return fmt.Errorf("provision bucket %s: %w", cfg.Bucket, err)
+		}
+	}
+	for _, cfg := range ObjectConfigs(l) {
+		if _, err := js.CreateOrUpdateObjectStore(ctx, cfg); err != nil {
+			return fmt.Errorf("provision object store %s: %w", cfg.Bucket, err)
+		}
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, StreamCmd, DriversConsumerConfig()); err != nil {
+		return fmt.Errorf("provision consumer %s: %w", ConsumerDrivers, err)
+	}
+	return nil
+}
+
+// DriversConsumerConfig is the durable pull consumer all drivers share.
+func DriversConsumerConfig() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       ConsumerDrivers,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		MaxDeliver:    -1,
+		FilterSubject: SubjectCmdAll,
+	}
+}
