@@ -1,0 +1,88 @@
+// Package session is the durable session registry shared by every service:
+// the session record in the runner_sessions bucket, its event log, its
+// bundle, admission slots and eviction. Every status transition goes
+// through SetStatus (CAS on the record, then an event append) so that the
+// record and the event stream agree whichever actor caused it.
+package session
+
+import (
+	"time"
+
+	"github.com/telorunner/telorunner/pkg/contract"
+)
+
+// Record is a session as stored in runner_sessions.
+type Record struct {
+	ID          string          `json:"sessionId"`
+	Mode        string          `json:"mode"`
+	Agent       string          `json:"agent,omitempty"`
+	Status      contract.Status `json:"status"`
+	Apps        []App           `json:"apps"`
+	CreatedAt   time.Time       `json:"createdAt"`
+	ExitedAt    *time.Time      `json:"exitedAt,omitempty"`
+	IdleSince   *time.Time      `json:"idleSince,omitempty"`
+	UserStopped bool            `json:"userStopped,omitempty"`
+	Launch      Launch          `json:"launch"`
+}
+
+// App is one app channel of a session.
+type App struct {
+	Name       string                 `json:"name"`
+	Entry      string                 `json:"entryRelativePath"`
+	IO         string                 `json:"io"`
+	Generation int                    `json:"generation"`
+	Ports      []contract.PortMapping `json:"ports"`
+	// Trigger is the pending expectation of the app's next generation.
+	Trigger string `json:"trigger,omitempty"`
+}
+
+// Launch is the retained launch description a driver starts from.
+type Launch struct {
+	Env           map[string]string      `json:"env"`
+	Config        contract.SessionConfig `json:"config"`
+	Inspect       bool                   `json:"inspect"`
+	SelfContained bool                   `json:"selfContained,omitempty"`
+	AgentSpec     *AgentSpec             `json:"agentSpec,omitempty"`
+}
+
+// AgentSpec is a resolved operator catalog entry.
+type AgentSpec struct {
+	Name       string            `json:"name"`
+	Image      string            `json:"image"`
+	Env        map[string]string `json:"env,omitempty"`
+	PullPolicy string            `json:"pullPolicy,omitempty"`
+	Port       int               `json:"port,omitempty"`
+}
+
+// App returns the app named name.
+func (r *Record) App(name string) (*App, bool) {
+	for i := range r.Apps {
+		if r.Apps[i].Name == name {
+			return &r.Apps[i], true
+		}
+	}
+	return nil, false
+}
+
+// Reclaimable reports whether the session may be evicted to admit another,
+// and the time that orders candidates (oldest first).
+func (r *Record) Reclaimable() (bool, time.Time) {
+	switch {
+	case r.Status.Terminal():
+		if r.ExitedAt != nil {
+			return true, *r.ExitedAt
+		}
+		return true, time.Time{}
+	case r.Status.Kind == contract.StatusSuspended:
+		if r.IdleSince != nil {
+			return true, *r.IdleSince
+		}
+		return true, time.Time{}
+	}
+	return false, time.Time{}
+}
+
+// LiveWatch reports whether the session counts against the watch ceiling.
+func (r *Record) LiveWatch() bool {
+	return r.Mode == contract.ModeWatch && !r.Status.Terminal() && r.Status.Kind != contract.StatusSuspended
+}

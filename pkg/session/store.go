@@ -1,0 +1,180 @@
+package session
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/contract"
+)
+
+// ErrNotFound is returned for a session that is not in the registry.
+var ErrNotFound = errors.New("session not found")
+
+// ErrTerminal is returned by SetStatus when the session already ended.
+var ErrTerminal = errors.New("session already terminal")
+
+// Store is the registry over the bus. Safe for concurrent use.
+type Store struct {
+	JS          jetstream.JetStream
+	Sessions    jetstream.KeyValue
+	Owners      jetstream.KeyValue
+	Presence    jetstream.KeyValue
+	Admission   jetstream.KeyValue
+	Checkpoints jetstream.KeyValue
+	Bundles     jetstream.ObjectStore
+	Events      *bus.Log
+	IO          *bus.Log
+	Now         func() time.Time
+}
+
+// Open binds a Store to provisioned buckets; replayBytes is the byte
+// window of each event log and each io channel.
+func Open(ctx context.Context, js jetstream.JetStream, replayBytes int64) (*Store, error) {
+	s := &Store{JS: js, Now: time.Now,
+		Events: bus.NewLog(js, bus.StreamEvents, replayBytes),
+		IO:     bus.NewLog(js, bus.StreamIO, replayBytes),
+	}
+	var err error
+	for _, b := range []struct {
+		name string
+		kv   *jetstream.KeyValue
+	}{
+		{bus.BucketSessions, &s.Sessions}, {bus.BucketOwners, &s.Owners}, {bus.BucketPresence, &s.Presence},
+		{bus.BucketAdmission, &s.Admission}, {bus.BucketCheckpoints, &s.Checkpoints},
+	} {
+		if *b.kv, err = js.KeyValue(ctx, b.name); err != nil {
+			return nil, fmt.Errorf("open bucket %s: %w", b.name, err)
+		}
+	}
+	if s.Bundles, err = js.ObjectStore(ctx, bus.ObjectBundles); err != nil {
+		return nil, fmt.Errorf("open object store %s: %w", bus.ObjectBundles, err)
+	}
+	return s, nil
+}
+
+// Get reads a session record.
+func (s *Store) Get(ctx context.Context, id string) (Record, uint64, error) {
+	if !contract.ValidSessionID(id) {
+		return Record{}, 0, ErrNotFound
+	}
+	r, rev, err := bus.GetJSON[Record](ctx, s.Sessions, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return r, 0, ErrNotFound
+	}
+	return r, rev, err
+}
+
+// Create stores a new record (the id must be free).
+func (s *Store) Create(ctx context.Context, r Record) error {
+	_, err := bus.CreateJSON(ctx, s.Sessions, r.ID, r)
+	return err
+}
+
+// Update applies mutate to the record with compare-and-set.
+func (s *Store) Update(ctx context.Context, id string, mutate func(*Record) error) (Record, error) {
+	r, _, err := bus.UpdateJSON(ctx, s.Sessions, id, false, mutate)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return r, ErrNotFound
+	}
+	return r, err
+}
+
+// Emit appends an event to the session's event log and returns its id.
+func (s *Store) Emit(ctx context.Context, id string, ev contract.Event) (uint64, error) {
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return 0, fmt.Errorf("encode event: %w", err)
+	}
+	return s.Events.Append(ctx, bus.EventsSubject(id), b, nil)
+}
+
+// SetStatus records a status transition and emits its status event. A
+// terminal session never changes again (ErrTerminal). mutate, when given,
+// changes other fields in the same compare-and-set.
+func (s *Store) SetStatus(ctx context.Context, id string, st contract.Status, mutate func(*Record)) (Record, error) {
+	r, err := s.Update(ctx, id, func(r *Record) error {
+		if r.Status.Terminal() {
+			return ErrTerminal
+		}
+		r.Status = st
+		if st.Terminal() {
+			now := s.Now().UTC()
+			r.ExitedAt = &now
+		}
+		if mutate != nil {
+			mutate(r)
+		}
+		return nil
+	})
+	if err != nil {
+		return r, err
+	}
+	if _, err := s.Emit(ctx, id, contract.StatusEvent(st)); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+// PutBundle stores a session's bundle.
+func (s *Store) PutBundle(ctx context.Context, id string, b contract.Bundle) error {
+	data, err := json.Marshal(b)
+	if err != nil {
+		return fmt.Errorf("encode bundle: %w", err)
+	}
+	if _, err := s.Bundles.PutBytes(ctx, id, data); err != nil {
+		return fmt.Errorf("put bundle %s: %w", id, err)
+	}
+	return nil
+}
+
+// GetBundle reads a session's bundle.
+func (s *Store) GetBundle(ctx context.Context, id string) (contract.Bundle, error) {
+	var b contract.Bundle
+	data, err := s.Bundles.GetBytes(ctx, id)
+	if err != nil {
+		return b, fmt.Errorf("get bundle %s: %w", id, err)
+	}
+	if err := json.Unmarshal(data, &b); err != nil {
+		return b, fmt.Errorf("decode bundle %s: %w", id, err)
+	}
+	return b, nil
+}
+
+// Evict removes every trace of a session: record, bundle, checkpoint,
+// owner and presence keys, event and io subjects, admission slot.
+func (s *Store) Evict(ctx context.Context, id string) error {
+	var errs []error
+	if err := s.Sessions.Purge(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		errs = append(errs, err)
+	}
+	if err := s.Bundles.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+		errs = append(errs, err)
+	}
+	for _, kv := range []jetstream.KeyValue{s.Checkpoints, s.Owners} {
+		if err := kv.Purge(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			errs = append(errs, err)
+		}
+	}
+	if err := s.Events.Purge(ctx, bus.EventsSubject(id)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := s.IO.Purge(ctx, bus.IOSubjects(id)); err != nil {
+		errs = append(errs, err)
+	}
+	if _, _, err := bus.UpdateJSON(ctx, s.Admission, bus.KeyAdmissionSlots, true, func(sl *Slots) error {
+		if _, ok := sl.IDs[id]; !ok {
+			return bus.ErrNoChange
+		}
+		delete(sl.IDs, id)
+		return nil
+	}); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

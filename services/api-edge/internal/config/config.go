@@ -1,0 +1,178 @@
+// Package config loads the api-edge configuration from the environment
+// (contract section 18): one typed struct, defaults first, then each variable
+// parsed, then the whole validated. A bad value is reported naming the
+// variable; main prints it and exits with status 2.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Version is the runner version this build reports.
+const Version = "0.1.0"
+
+// Defaults that other packages may want to show or compare against.
+const (
+	DefaultPort           = 8062
+	DefaultImage          = "telorun/node:latest-slim"
+	DefaultDisplayName    = "Telo Runner"
+	DefaultDescription    = "Runs the Telo application in a cloud environment"
+	DefaultTermsTitle     = "Usage agreement"
+	DefaultBodyLimitBytes = 1 << 20
+)
+
+// Config is everything the edge reads from its environment.
+type Config struct {
+	Port              int           // PORT, 1-65535
+	LogLevel          slog.Level    // LOG_LEVEL: debug, info, warn or error
+	MaxSessions       int           // RUNNER_MAX_SESSIONS: registry ceiling, live + retained
+	ExitTTL           time.Duration // RUNNER_EXIT_TTL_MS: retention of terminal sessions
+	ReplayBufferBytes int64         // RUNNER_REPLAY_BUFFER_BYTES: per-session event and per-app byte buffer cap
+	BodyLimitBytes    int64         // RUNNER_BODY_LIMIT_BYTES: request body limit (our addition)
+	CORS              CORS          // RUNNER_CORS_ORIGINS
+	Terms             *Terms        // RUNNER_TERMS_*; nil when no terms are configured
+	Apps              Catalog       // RUNNER_APPS; empty when unset
+	RegistryURL       string        // TELO_REGISTRY_URL; empty when unset
+	Watch             Watch         // RUNNER_WATCH_*, RUNNER_WORKSPACE_CHECKPOINT_SECONDS
+	DisplayName       string        // RUNNER_DISPLAY_NAME
+	Description       string        // RUNNER_DESCRIPTION
+	Image             string        // RUNNER_IMAGE: default kernel image
+}
+
+// Watch holds the watch-session settings.
+type Watch struct {
+	Enabled              bool          // RUNNER_WATCH_SESSIONS
+	Idle                 time.Duration // RUNNER_WATCH_IDLE_SECONDS: zero-subscriber window before suspend
+	MaxTTL               time.Duration // RUNNER_WATCH_MAX_TTL_SECONDS: watch session deadline
+	MaxSessions          int           // RUNNER_WATCH_MAX_SESSIONS: live watch session ceiling
+	ReloadLimitPerMinute int           // RUNNER_WATCH_RELOAD_LIMIT: reload budget per session per 60 s
+	SuspendedTTL         time.Duration // RUNNER_WATCH_SUSPENDED_TTL_SECONDS: retention of suspended records
+	Checkpoint           time.Duration // RUNNER_WORKSPACE_CHECKPOINT_SECONDS: checkpoint cadence
+}
+
+// Default returns the configuration used when no variable is set.
+func Default() Config {
+	return Config{
+		Port:              DefaultPort,
+		LogLevel:          slog.LevelInfo,
+		MaxSessions:       32,
+		ExitTTL:           4 * time.Hour,
+		ReplayBufferBytes: 5_000_000,
+		BodyLimitBytes:    DefaultBodyLimitBytes,
+		CORS:              CORS{AnyOrigin: true},
+		Watch: Watch{
+			Idle:                 300 * time.Second,
+			MaxTTL:               6 * time.Hour,
+			MaxSessions:          8,
+			ReloadLimitPerMinute: 30,
+			SuspendedTTL:         24 * time.Hour,
+			Checkpoint:           30 * time.Second,
+		},
+		DisplayName: DefaultDisplayName,
+		Description: DefaultDescription,
+		Image:       DefaultImage,
+	}
+}
+
+// Error is a configuration error for one variable.
+type Error struct {
+	Var    string // environment variable name
+	Reason string // what is wrong, including the offending value
+	Err    error  // underlying cause, if any
+}
+
+func (e *Error) Error() string {
+	switch {
+	case e.Err == nil:
+		return e.Var + ": " + e.Reason
+	case e.Reason == "":
+		return e.Var + ": " + e.Err.Error()
+	default:
+		return e.Var + ": " + e.Reason + ": " + e.Err.Error()
+	}
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Load builds the configuration from lookupEnv, which has the shape of
+// os.LookupEnv: PORT needs to tell an unset variable from an empty one.
+// It reads RUNNER_TERMS_FILE once when set. Every invalid variable is
+// reported; the returned error joins one *Error per variable.
+func Load(lookupEnv func(string) (string, bool)) (Config, error) {
+	c := Default()
+	p := parser{lookup: lookupEnv}
+
+	if raw, ok := lookupEnv("PORT"); ok {
+		c.Port = p.port("PORT", raw)
+	}
+	p.logLevel("LOG_LEVEL", &c.LogLevel)
+	p.positiveInt("RUNNER_MAX_SESSIONS", &c.MaxSessions)
+	p.duration("RUNNER_EXIT_TTL_MS", time.Millisecond, &c.ExitTTL)
+	p.positiveInt64("RUNNER_REPLAY_BUFFER_BYTES", &c.ReplayBufferBytes)
+	p.positiveInt64("RUNNER_BODY_LIMIT_BYTES", &c.BodyLimitBytes)
+	if raw := p.str("RUNNER_CORS_ORIGINS"); raw != "" {
+		cors, err := parseCORS(raw)
+		p.fail("RUNNER_CORS_ORIGINS", err)
+		c.CORS = cors
+	}
+	c.Terms = p.terms()
+	if raw := p.str("RUNNER_APPS"); raw != "" {
+		apps, err := parseCatalog(raw)
+		p.fail("RUNNER_APPS", err)
+		c.Apps = apps
+	}
+	p.url("TELO_REGISTRY_URL", &c.RegistryURL)
+	p.boolean("RUNNER_WATCH_SESSIONS", &c.Watch.Enabled)
+	p.duration("RUNNER_WATCH_IDLE_SECONDS", time.Second, &c.Watch.Idle)
+	p.duration("RUNNER_WATCH_MAX_TTL_SECONDS", time.Second, &c.Watch.MaxTTL)
+	p.positiveInt("RUNNER_WATCH_MAX_SESSIONS", &c.Watch.MaxSessions)
+	p.positiveInt("RUNNER_WATCH_RELOAD_LIMIT", &c.Watch.ReloadLimitPerMinute)
+	p.duration("RUNNER_WATCH_SUSPENDED_TTL_SECONDS", time.Second, &c.Watch.SuspendedTTL)
+	p.duration("RUNNER_WORKSPACE_CHECKPOINT_SECONDS", time.Second, &c.Watch.Checkpoint)
+	p.text("RUNNER_DISPLAY_NAME", &c.DisplayName)
+	p.text("RUNNER_DESCRIPTION", &c.Description)
+	p.text("RUNNER_IMAGE", &c.Image)
+
+	if len(p.errs) > 0 {
+		return Config{}, errors.Join(p.errs...)
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// Validate checks the invariants Load guarantees, for configurations built
+// by hand (tests, embedding). Errors name the variable the field comes from.
+func (c Config) Validate() error {
+	var errs []error
+	check := func(ok bool, name, format string, args ...any) {
+		if !ok {
+			errs = append(errs, &Error{Var: name, Reason: fmt.Sprintf(format, args...)})
+		}
+	}
+	check(c.Port >= 1 && c.Port <= 65535, "PORT", "must be in 1-65535, got %d", c.Port)
+	check(levelName(c.LogLevel) != "", "LOG_LEVEL", "must be debug, info, warn or error, got %v", c.LogLevel)
+	check(c.MaxSessions > 0, "RUNNER_MAX_SESSIONS", "must be positive, got %d", c.MaxSessions)
+	check(c.ExitTTL > 0, "RUNNER_EXIT_TTL_MS", "must be positive, got %v", c.ExitTTL)
+	check(c.ReplayBufferBytes > 0, "RUNNER_REPLAY_BUFFER_BYTES", "must be positive, got %d", c.ReplayBufferBytes)
+	check(c.BodyLimitBytes > 0, "RUNNER_BODY_LIMIT_BYTES", "must be positive, got %d", c.BodyLimitBytes)
+	check(c.CORS.AnyOrigin || len(c.CORS.Origins) > 0, "RUNNER_CORS_ORIGINS", "no origin allowed")
+	if c.Terms != nil {
+		check(c.Terms.Version != "", "RUNNER_TERMS_VERSION", "must not be empty")
+		check(c.Terms.Title != "", "RUNNER_TERMS_TITLE", "must not be empty")
+	}
+	check(c.Watch.Idle > 0, "RUNNER_WATCH_IDLE_SECONDS", "must be positive, got %v", c.Watch.Idle)
+	check(c.Watch.MaxTTL > 0, "RUNNER_WATCH_MAX_TTL_SECONDS", "must be positive, got %v", c.Watch.MaxTTL)
+	check(c.Watch.MaxSessions > 0, "RUNNER_WATCH_MAX_SESSIONS", "must be positive, got %d", c.Watch.MaxSessions)
+	check(c.Watch.ReloadLimitPerMinute > 0, "RUNNER_WATCH_RELOAD_LIMIT", "must be positive, got %d", c.Watch.ReloadLimitPerMinute)
+	check(c.Watch.SuspendedTTL > 0, "RUNNER_WATCH_SUSPENDED_TTL_SECONDS", "must be positive, got %v", c.Watch.SuspendedTTL)
+	check(c.Watch.Checkpoint > 0, "RUNNER_WORKSPACE_CHECKPOINT_SECONDS", "must be positive, got %v", c.Watch.Checkpoint)
+	check(c.DisplayName != "", "RUNNER_DISPLAY_NAME", "must not be empty")
+	check(c.Description != "", "RUNNER_DESCRIPTION", "must not be empty")
+	check(c.Image != "", "RUNNER_IMAGE", "must not be empty")
+	return errors.Join(errs...)
+}
