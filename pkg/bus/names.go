@@ -73,6 +73,12 @@ const (
 	HeaderSeq = "Runner-Seq"
 	// HeaderSession names the session a command is about.
 	HeaderSession = "Runner-Session"
+	// HeaderType carries an event's type, so relays need not parse it.
+	HeaderType = "Runner-Type"
+	// HeaderTerminal marks a status event whose status is terminal.
+	HeaderTerminal = "Runner-Terminal"
+	// HeaderApp names the app a control request is for.
+	HeaderApp = "Runner-App"
 )
 
 // EventsSubject is the event log subject of a session.

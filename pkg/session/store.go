@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/telorunner/telorunner/pkg/bus"
@@ -91,7 +92,12 @@ func (s *Store) Emit(ctx context.Context, id string, ev contract.Event) (uint64,
 	if err != nil {
 		return 0, fmt.Errorf("encode event: %w", err)
 	}
-	return s.Events.Append(ctx, bus.EventsSubject(id), b, nil)
+	hdr := nats.Header{}
+	hdr.Set(bus.HeaderType, ev.Type)
+	if ev.Status != nil && ev.Status.Terminal() {
+		hdr.Set(bus.HeaderTerminal, "1")
+	}
+	return s.Events.Append(ctx, bus.EventsSubject(id), b, hdr)
 }
 
 // SetStatus records a status transition and emits its status event. A

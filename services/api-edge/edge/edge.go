@@ -1,0 +1,134 @@
+// Package edge is the api-edge service's entry point: the stateless /v1
+// HTTP surface over JetStream. Run serves until its context ends.
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/obs"
+	"github.com/telorunner/telorunner/pkg/session"
+	"github.com/telorunner/telorunner/services/api-edge/internal/config"
+	"github.com/telorunner/telorunner/services/api-edge/internal/server"
+)
+
+// Config is the edge configuration (contract section 18).
+type Config = config.Config
+
+// Version is the runner version reported by /v1/health.
+const Version = config.Version
+
+// LoadConfig reads the configuration from the environment.
+func LoadConfig(lookup func(string) (string, bool)) (Config, error) { return config.Load(lookup) }
+
+// DefaultConfig is the configuration with no variable set.
+func DefaultConfig() Config { return config.Default() }
+
+// Deps are the edge's connections.
+type Deps struct {
+	NC       *nats.Conn
+	Logger   *slog.Logger
+	Registry *prometheus.Registry
+	// Listener, when set, is served instead of listening on cfg.Port.
+	Listener net.Listener
+	// Limits are the bus limits used to provision (Replicas etc.).
+	Limits bus.Limits
+	// EdgeID names the replica; random when empty.
+	EdgeID string
+	// Ready is called once the listener accepts connections.
+	Ready func(addr net.Addr)
+}
+
+// Run serves /v1 until ctx ends, then shuts down gracefully.
+func Run(ctx context.Context, cfg Config, d Deps) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	log := d.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	log = log.With("service", "api-edge")
+	reg := d.Registry
+	if reg == nil {
+		reg = obs.NewRegistry()
+	}
+	js, err := jetstream.New(d.NC)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	lim := d.Limits
+	lim.ReplayBytes = cfg.ReplayBufferBytes
+	if err := bus.Provision(ctx, js, lim); err != nil {
+		return err
+	}
+	store, err := session.Open(ctx, js, cfg.ReplayBufferBytes)
+	if err != nil {
+		return err
+	}
+	edgeID := d.EdgeID
+	if edgeID == "" {
+		edgeID = "edge-" + nuid.Next()
+	}
+	srvCtx, cancelStreams := context.WithCancel(context.Background())
+	defer cancelStreams()
+	api := server.New(srvCtx, server.Options{Config: cfg, NC: d.NC, Store: store, Logger: log, Registry: reg, EdgeID: edgeID})
+
+	mux := http.NewServeMux()
+	obs.Mount(mux, reg, func() error {
+		if d.NC.Status() != nats.CONNECTED {
+			return errors.New("nats not connected")
+		}
+		return nil
+	})
+	mux.Handle("/", api)
+
+	ln := d.Listener
+	if ln == nil {
+		if ln, err = net.Listen("tcp", net.JoinHostPort("0.0.0.0", strconv.Itoa(cfg.Port))); err != nil {
+			return fmt.Errorf("listen on port %d: %w", cfg.Port, err)
+		}
+	}
+	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	presenceDone := make(chan struct{})
+	go func() {
+		defer close(presenceDone)
+		api.PublishPresence(srvCtx, store, bus.Limits.Defaults(lim).PresenceTTL/3)
+	}()
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- httpSrv.Serve(ln) }()
+	log.Info("api-edge listening", "addr", ln.Addr().String(), "edge", edgeID)
+	if d.Ready != nil {
+		d.Ready(ln.Addr())
+	}
+	select {
+	case err := <-serveErr:
+		cancelStreams()
+		<-presenceDone
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cancelStreams() // long-lived SSE and io streams end now
+	err = httpSrv.Shutdown(shutdownCtx)
+	api.Wait()
+	<-presenceDone
+	<-serveErr
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,204 @@
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+)
+
+// The reference validates request bodies with JSON-Schema defaults that
+// coerce types: numeric strings become integers, "true"/"false" become
+// booleans, and a scalar becomes a one-item array. Unknown fields are
+// ignored. These helpers read a decoded body the same lenient way and name
+// the offending property in their errors.
+
+type schemaError struct{ msg string }
+
+func (e *schemaError) Error() string { return e.msg }
+
+func schemaErrf(format string, args ...any) error {
+	return &schemaError{msg: fmt.Sprintf(format, args...)}
+}
+
+// obj is a decoded JSON object with its path for error messages.
+type obj struct {
+	path string
+	m    map[string]any
+}
+
+func parseObject(data []byte, path string) (obj, error) {
+	var v any
+	d := json.NewDecoder(strings.NewReader(string(data)))
+	d.UseNumber()
+	if err := d.Decode(&v); err != nil {
+		return obj{}, schemaErrf("body is not valid JSON: %v", err)
+	}
+	return asObject(v, path)
+}
+
+func asObject(v any, path string) (obj, error) {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return obj{}, schemaErrf("%s must be object", path)
+	}
+	return obj{path: path, m: m}, nil
+}
+
+func (o obj) has(key string) bool {
+	v, ok := o.m[key]
+	return ok && v != nil
+}
+
+func (o obj) missing(key string) error {
+	return schemaErrf("%s must have required property '%s'", o.path, key)
+}
+
+func (o obj) str(key string, required bool, minLen int) (string, bool, error) {
+	v, ok := o.m[key]
+	if !ok || v == nil {
+		if required {
+			return "", false, o.missing(key)
+		}
+		return "", false, nil
+	}
+	var s string
+	switch t := v.(type) {
+	case string:
+		s = t
+	case json.Number:
+		s = t.String()
+	case bool:
+		s = strconv.FormatBool(t)
+	default:
+		return "", false, schemaErrf("%s/%s must be string", o.path, key)
+	}
+	if len([]rune(s)) < minLen {
+		return "", false, schemaErrf("%s/%s must NOT have fewer than %d characters", o.path, key, minLen)
+	}
+	return s, true, nil
+}
+
+func (o obj) integer(key string, required bool, lo, hi int) (int, bool, error) {
+	v, ok := o.m[key]
+	if !ok || v == nil {
+		if required {
+			return 0, false, o.missing(key)
+		}
+		return 0, false, nil
+	}
+	n, ok := toInt(v)
+	if !ok {
+		return 0, false, schemaErrf("%s/%s must be integer", o.path, key)
+	}
+	if n < lo || n > hi {
+		return 0, false, schemaErrf("%s/%s must be >= %d and <= %d", o.path, key, lo, hi)
+	}
+	return n, true, nil
+}
+
+func toInt(v any) (int, bool) {
+	var s string
+	switch t := v.(type) {
+	case json.Number:
+		s = t.String()
+	case string:
+		s = strings.TrimSpace(t)
+	case bool:
+		if t {
+			return 1, true
+		}
+		return 0, true
+	default:
+		return 0, false
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || math.IsInf(f, 0) || math.IsNaN(f) || f != math.Trunc(f) || math.Abs(f) > 1<<53 {
+		return 0, false
+	}
+	return int(f), true
+}
+
+func (o obj) boolean(key string) (bool, bool, error) {
+	v, ok := o.m[key]
+	if !ok || v == nil {
+		return false, false, nil
+	}
+	switch t := v.(type) {
+	case bool:
+		return t, true, nil
+	case string:
+		switch t {
+		case "true":
+			return true, true, nil
+		case "false":
+			return false, true, nil
+		}
+	case json.Number:
+		switch t.String() {
+		case "1":
+			return true, true, nil
+		case "0":
+			return false, true, nil
+		}
+	}
+	return false, false, schemaErrf("%s/%s must be boolean", o.path, key)
+}
+
+func (o obj) enum(key string, required bool, allowed ...string) (string, bool, error) {
+	s, ok, err := o.str(key, required, 0)
+	if err != nil || !ok {
+		return s, ok, err
+	}
+	for _, a := range allowed {
+		if s == a {
+			return s, true, nil
+		}
+	}
+	return "", false, schemaErrf("%s/%s must be equal to one of the allowed values", o.path, key)
+}
+
+// array reads an array, wrapping a lone scalar or object into one item.
+func (o obj) array(key string, required bool) ([]any, bool, error) {
+	v, ok := o.m[key]
+	if !ok || v == nil {
+		if required {
+			return nil, false, o.missing(key)
+		}
+		return nil, false, nil
+	}
+	if a, ok := v.([]any); ok {
+		return a, true, nil
+	}
+	return []any{v}, true, nil
+}
+
+func (o obj) object(key string, required bool) (obj, bool, error) {
+	v, ok := o.m[key]
+	if !ok || v == nil {
+		if required {
+			return obj{}, false, o.missing(key)
+		}
+		return obj{}, false, nil
+	}
+	ob, err := asObject(v, o.path+"/"+key)
+	return ob, err == nil, err
+}
+
+// stringMap reads an object of string values (numbers and booleans coerced).
+func (o obj) stringMap(key string, required bool) (map[string]string, error) {
+	ob, ok, err := o.object(key, required)
+	if err != nil || !ok {
+		return map[string]string{}, err
+	}
+	out := make(map[string]string, len(ob.m))
+	for k := range ob.m {
+		s, _, err := ob.str(k, true, 0)
+		if err != nil {
+			return nil, err
+		}
+		out[k] = s
+	}
+	return out, nil
+}

@@ -1,0 +1,118 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/services/api-edge/internal/config"
+)
+
+func (s *Server) health(c *gin.Context) {
+	c.JSON(http.StatusOK, gin.H{"ok": true, "version": config.Version})
+}
+
+type appDescriptor struct {
+	Name        string `json:"name"`
+	Title       string `json:"title,omitempty"`
+	Description string `json:"description,omitempty"`
+}
+
+type features struct {
+	IO     []string `json:"io"`
+	Ports  bool     `json:"ports"`
+	Watch  bool     `json:"watch"`
+	Agents []string `json:"agents,omitempty"`
+}
+
+type capabilities struct {
+	DisplayName string          `json:"displayName"`
+	Description string          `json:"description"`
+	Features    features        `json:"features"`
+	Config      map[string]any  `json:"config"`
+	Terms       *config.Terms   `json:"terms,omitempty"`
+	Apps        []appDescriptor `json:"apps,omitempty"`
+}
+
+// capabilities is recomputed on every request (section 4.2).
+func (s *Server) capabilities(c *gin.Context) {
+	out := capabilities{
+		DisplayName: s.cfg.DisplayName,
+		Description: s.cfg.Description,
+		Features:    features{IO: []string{"tty", "streams"}, Ports: true, Watch: s.cfg.Watch.Enabled},
+		Config:      map[string]any{"schema": s.configSchema()},
+		Terms:       s.cfg.Terms,
+	}
+	if s.cfg.Watch.Enabled {
+		out.Features.Agents = s.cfg.Apps.AgentNames()
+	}
+	for _, name := range s.cfg.Apps.Names() {
+		a, _ := s.cfg.Apps.Lookup(name)
+		out.Apps = append(out.Apps, appDescriptor{Name: a.Name, Title: a.Title, Description: a.Description})
+	}
+	c.JSON(http.StatusOK, out)
+}
+
+// configSchema describes the editable SessionConfig (section 4.2.1). No
+// base-image catalog exists, so the image is locked to the default
+// (readOnly) and only that image is accepted (19.22).
+func (s *Server) configSchema() map[string]any {
+	return map[string]any{
+		"type":     "object",
+		"required": []string{"image", "pullPolicy"},
+		"properties": map[string]any{
+			"image": map[string]any{
+				"type": "string", "minLength": 1, "default": s.cfg.Image, "readOnly": true,
+				"title": "Image", "description": "Kernel image the session runs on. Fixed by the operator.",
+			},
+			"pullPolicy": map[string]any{
+				"type": "string", "enum": []string{"missing", "always", "never"}, "default": "missing",
+				"title": "Pull policy", "description": "When to pull the kernel image.",
+			},
+		},
+	}
+}
+
+type availability struct {
+	Status      string `json:"status"`
+	Message     string `json:"message,omitempty"`
+	Remediation string `json:"remediation,omitempty"`
+}
+
+// probe checks that the runner can start sessions: JetStream answers and
+// at least one pod-driver is pulling start commands.
+func (s *Server) probe(c *gin.Context) {
+	data, ok := s.readBody(c)
+	if !ok {
+		return
+	}
+	body, err := parseObject(data, "body")
+	if err == nil {
+		var cfgObj obj
+		if cfgObj, _, err = body.object("config", true); err == nil {
+			_, err = parseConfig(cfgObj)
+		}
+	}
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(c.Request.Context(), 3*time.Second)
+	defer cancel()
+	cons, err := s.store.JS.Consumer(ctx, bus.StreamCmd, bus.ConsumerDrivers)
+	if err != nil {
+		c.JSON(http.StatusOK, availability{Status: "unavailable", Message: "the runner's message bus does not answer: " + err.Error(),
+			Remediation: "Check that NATS JetStream is running and reachable at RUNNER_NATS_URL."})
+		return
+	}
+	info, err := cons.Info(ctx)
+	if err != nil || info.NumWaiting == 0 {
+		c.JSON(http.StatusOK, availability{Status: "unavailable", Message: "no pod-driver is connected to start sessions",
+			Remediation: "Start at least one pod-driver against the same NATS."})
+		return
+	}
+	c.JSON(http.StatusOK, availability{Status: "ready"})
+}

@@ -1,0 +1,174 @@
+// Package server is the api-edge's /v1 HTTP surface: routes, validation,
+// terms, admission, and the SSE and io relays. It holds no session state:
+// everything it reads and writes is in JetStream, so any replica serves
+// any session.
+package server
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/gin-gonic/gin"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/pkg/session"
+	"github.com/telorunner/telorunner/services/api-edge/internal/config"
+)
+
+// Options configure a Server.
+type Options struct {
+	Config   config.Config
+	NC       *nats.Conn
+	Store    *session.Store
+	Logger   *slog.Logger
+	Registry prometheus.Registerer
+	// EdgeID names this replica (presence keys).
+	EdgeID string
+}
+
+// Server serves /v1.
+type Server struct {
+	cfg      config.Config
+	nc       *nats.Conn
+	store    *session.Store
+	log      *slog.Logger
+	edgeID   string
+	engine   *gin.Engine
+	m        metrics
+	presence presence
+
+	// ctx ends the long-lived streams on shutdown; wg waits for them.
+	ctx context.Context
+	wg  sync.WaitGroup
+}
+
+// New builds the router. Streams end when ctx does.
+func New(ctx context.Context, o Options) *Server {
+	gin.SetMode(gin.ReleaseMode)
+	s := &Server{cfg: o.Config, nc: o.NC, store: o.Store, log: o.Logger, edgeID: o.EdgeID, ctx: ctx}
+	s.m = newMetrics(o.Registry)
+	e := gin.New()
+	e.Use(gin.Recovery(), s.cors())
+	e.HandleMethodNotAllowed = false
+	e.NoRoute(func(c *gin.Context) {
+		c.JSON(http.StatusNotFound, contract.Errorf("not_found", "no route %s %s", c.Request.Method, c.Request.URL.Path))
+	})
+	v1 := e.Group("/v1")
+	v1.GET("/health", s.health)
+	v1.GET("/capabilities", s.capabilities)
+	v1.POST("/probe", s.probe)
+	v1.POST("/sessions", s.createSession)
+	v1.POST("/apps/:name/sessions", s.createAppSession)
+	v1.GET("/sessions/:id", s.getSession)
+	v1.DELETE("/sessions/:id", s.deleteSession)
+	v1.GET("/sessions/:id/events", s.events)
+	v1.GET("/sessions/:id/io", s.io)
+	s.engine = e
+	return s
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.engine.ServeHTTP(w, r) }
+
+// Wait blocks until every stream handler returned (after ctx ended).
+func (s *Server) Wait() { s.wg.Wait() }
+
+// cors applies contract 2.4 to ordinary responses and answers preflights.
+func (s *Server) cors() gin.HandlerFunc {
+	return func(c *gin.Context) {
+		origin := c.GetHeader("Origin")
+		if allowed, ok := s.cfg.CORS.AllowOrigin(origin); ok {
+			c.Header("Access-Control-Allow-Origin", allowed)
+			if allowed != "*" {
+				c.Header("Vary", "Origin")
+			}
+		} else if s.cfg.CORS.AnyOrigin {
+			c.Header("Access-Control-Allow-Origin", "*")
+		} else if origin != "" && !isUpgrade(c.Request) {
+			// 19.32: refuse plain requests from origins outside a narrowed list.
+			c.AbortWithStatusJSON(http.StatusForbidden, contract.Errorf("origin_not_allowed", "origin %q is not allowed", origin))
+			return
+		}
+		if c.Request.Method == http.MethodOptions {
+			c.Header("Access-Control-Allow-Methods", "GET, POST, PUT, DELETE, OPTIONS")
+			if h := c.GetHeader("Access-Control-Request-Headers"); h != "" {
+				c.Header("Access-Control-Allow-Headers", h)
+			}
+			c.Header("Access-Control-Max-Age", "600")
+			c.AbortWithStatus(http.StatusNoContent)
+			return
+		}
+		c.Next()
+	}
+}
+
+func isUpgrade(r *http.Request) bool {
+	return strings.EqualFold(r.Header.Get("Upgrade"), "websocket")
+}
+
+// readBody reads the request body under the configured limit; false means
+// a response was written.
+func (s *Server) readBody(c *gin.Context) ([]byte, bool) {
+	limit := s.cfg.BodyLimitBytes
+	data, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, limit))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			c.JSON(http.StatusRequestEntityTooLarge, contract.Errorf("payload_too_large", "request body is larger than %d bytes", limit))
+			return nil, false
+		}
+		c.JSON(http.StatusBadRequest, contract.Errorf("invalid_request", "read body: %v", err))
+		return nil, false
+	}
+	return data, true
+}
+
+// fail writes err as the contract's envelope: a *contract.Error with its
+// status, a schema error as 400 invalid_request, anything else as 500.
+func (s *Server) fail(c *gin.Context, err error) {
+	var ce *contract.Error
+	var se *schemaError
+	switch {
+	case errors.As(err, &ce):
+		c.JSON(statusOf(ce.Code), ce)
+	case errors.As(err, &se):
+		c.JSON(http.StatusBadRequest, contract.Errorf("invalid_request", "%s", se.msg))
+	default:
+		s.log.Error("request failed", "path", c.FullPath(), "err", err)
+		c.JSON(http.StatusInternalServerError, contract.Errorf("internal_error", "%v", err))
+	}
+}
+
+// statusOf maps a contract error code to its HTTP status (section 2.3).
+func statusOf(code string) int {
+	switch code {
+	case "not_found", "unknown_app", "not_suspended", "file_not_found":
+		return http.StatusNotFound
+	case "too_many_sessions", "too_many_watch_sessions", "not_a_watch_session", "not_running", "no_checkpoint":
+		return http.StatusConflict
+	case "terms_required":
+		return http.StatusPreconditionRequired
+	case "reload_rate_limited":
+		return http.StatusTooManyRequests
+	case "origin_not_allowed":
+		return http.StatusForbidden
+	case "stop_failed", "set_apps_failed", "internal_error":
+		return http.StatusInternalServerError
+	case "workspace_error":
+		return http.StatusBadGateway
+	case "payload_too_large":
+		return http.StatusRequestEntityTooLarge
+	}
+	return http.StatusBadRequest
+}
+
+func notFound(id string) *contract.Error {
+	return contract.Errorf("not_found", "session '%s' not in registry", id)
+}

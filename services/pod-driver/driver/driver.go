@@ -1,0 +1,161 @@
+// Package driver is the pod-driver service's entry point: it owns
+// sessions and runs their workloads on a backend. Run serves until its
+// context ends.
+package driver
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/session"
+	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/local"
+	idriver "github.com/telorunner/telorunner/services/pod-driver/internal/driver"
+)
+
+// Config is the pod-driver configuration.
+type Config struct {
+	// Backend is RUNNER_BACKEND: "local" (default) or "kubernetes".
+	Backend string
+	// KernelCommand is RUNNER_KERNEL_COMMAND split on spaces: the Telo CLI
+	// (`telo`) in production, devkernel where the CLI is absent. Default:
+	// a devkernel binary next to this executable, else `telo`.
+	KernelCommand []string
+	// WorkDir is RUNNER_WORK_DIR: local session directories.
+	WorkDir string
+	// ReplayBufferBytes is RUNNER_REPLAY_BUFFER_BYTES.
+	ReplayBufferBytes int64
+	// ID is RUNNER_DRIVER_ID (random when empty).
+	ID string
+	// OwnerTTL is how long an owner key outlives a dead driver.
+	OwnerTTL time.Duration
+}
+
+// LoadConfig reads the configuration from the environment.
+func LoadConfig(lookup func(string) (string, bool)) (Config, error) {
+	get := func(k string) string { v, _ := lookup(k); return strings.TrimSpace(v) }
+	c := Config{Backend: "local", ReplayBufferBytes: 5_000_000, OwnerTTL: 15 * time.Second}
+	if v := get("RUNNER_BACKEND"); v != "" {
+		c.Backend = v
+	}
+	if v := get("RUNNER_KERNEL_COMMAND"); v != "" {
+		c.KernelCommand = strings.Fields(v)
+	}
+	c.WorkDir = get("RUNNER_WORK_DIR")
+	if c.WorkDir == "" {
+		dir := get("RUNNER_DATA_DIR")
+		if dir == "" {
+			dir = ".telorunner"
+		}
+		c.WorkDir = filepath.Join(dir, "sessions")
+	}
+	if v := get("RUNNER_REPLAY_BUFFER_BYTES"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 {
+			return c, fmt.Errorf("RUNNER_REPLAY_BUFFER_BYTES: must be a positive integer, got %q", v)
+		}
+		c.ReplayBufferBytes = n
+	}
+	c.ID = get("RUNNER_DRIVER_ID")
+	return c, c.Validate()
+}
+
+// Validate checks the configuration, naming the variable at fault.
+func (c *Config) Validate() error {
+	switch c.Backend {
+	case "local":
+	case "kubernetes":
+		return fmt.Errorf("RUNNER_BACKEND: the kubernetes backend is not built yet")
+	default:
+		return fmt.Errorf("RUNNER_BACKEND: must be local or kubernetes, got %q", c.Backend)
+	}
+	if len(c.KernelCommand) == 0 {
+		c.KernelCommand = []string{defaultKernel()}
+	}
+	if c.ReplayBufferBytes <= 0 {
+		return fmt.Errorf("RUNNER_REPLAY_BUFFER_BYTES: must be a positive integer")
+	}
+	return nil
+}
+
+// defaultKernel is a devkernel beside this executable, else `telo`.
+func defaultKernel() string {
+	if exe, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(exe), "devkernel")
+		if st, err := os.Stat(p); err == nil && !st.IsDir() {
+			return p
+		}
+	}
+	return "telo"
+}
+
+// Deps are the driver's connections.
+type Deps struct {
+	NC       *nats.Conn
+	Logger   *slog.Logger
+	Registry prometheus.Registerer
+	Limits   bus.Limits
+}
+
+// Run owns sessions until ctx ends; on a clean exit it stops every
+// workload it owns.
+func Run(ctx context.Context, cfg Config, d Deps) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	log := d.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	log = log.With("service", "pod-driver")
+	js, err := jetstream.New(d.NC)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	lim := d.Limits
+	lim.ReplayBytes = cfg.ReplayBufferBytes
+	if lim.OwnerTTL == 0 {
+		lim.OwnerTTL = cfg.OwnerTTL
+	}
+	if err := bus.Provision(ctx, js, lim); err != nil {
+		return err
+	}
+	store, err := session.Open(ctx, js, cfg.ReplayBufferBytes)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(cfg.WorkDir, 0o755); err != nil {
+		return fmt.Errorf("RUNNER_WORK_DIR: %w", err)
+	}
+	workDir, err := filepath.Abs(cfg.WorkDir)
+	if err != nil {
+		return fmt.Errorf("RUNNER_WORK_DIR: %w", err)
+	}
+	be, err := local.New(local.Options{KernelCommand: cfg.KernelCommand, WorkRoot: workDir, Logger: log})
+	if err != nil {
+		return fmt.Errorf("local backend: %w", err)
+	}
+	id := cfg.ID
+	if id == "" {
+		id = "driver-" + nuid.Next()
+	}
+	drv := idriver.New(idriver.Options{ID: id, NC: d.NC, Store: store, Backend: be, Logger: log, OwnerTTL: bus.Limits.Defaults(lim).OwnerTTL, Registry: d.Registry})
+	err = drv.Run(ctx)
+	closeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if cerr := be.Close(closeCtx); cerr != nil && err == nil {
+		err = cerr
+	}
+	return err
+}

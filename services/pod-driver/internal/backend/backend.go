@@ -1,0 +1,100 @@
+// Package backend is the seam between the driver and the things that run
+// workloads: a Backend turns a launch Spec into a running Workload and
+// reports what happens through a Sink. Implementations live in
+// subpackages (local, kubernetes).
+package backend
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/telorunner/telorunner/pkg/contract"
+)
+
+// Spec is what a backend needs to start a session's workload.
+type Spec struct {
+	SessionID string
+	Mode      string // contract.ModeRun or contract.ModeWatch
+	// Bundle is the run session's application (or the watch session's
+	// initial workspace).
+	Bundle contract.Bundle
+	// Env is the shaped session env (registry URL injected, TELO_CACHE_DIR
+	// removed). Only this env reaches app kernels.
+	Env     map[string]string
+	Config  contract.SessionConfig
+	Inspect bool
+	// SelfContained marks operator app sessions: the image runs its own
+	// entrypoint, no bundle.
+	SelfContained bool
+	Apps          []App
+}
+
+// App is one application of the session.
+type App struct {
+	Name  string
+	Entry string // normalized entry path relative to the bundle root
+	Ports []contract.PortMapping
+	IO    string // contract.IOTTY or contract.IOStreams
+}
+
+// Sink receives everything a workload reports. Calls may come from several
+// goroutines; implementations are safe for concurrent use. Output must not
+// retain p after it returns.
+type Sink interface {
+	// Progress reports a coming-up step (app "" for session-scoped).
+	Progress(phase, message string, done bool, app string)
+	// Running reports the workload is up, with its endpoints.
+	Running(endpoints []contract.Endpoint)
+	// Output delivers bytes an app wrote; tag is contract.TagTTY,
+	// TagStdout or TagStderr.
+	Output(app string, tag byte, p []byte)
+	// Debug delivers one kernel debug-wire frame (already de-duplicated:
+	// a relay reconnect never re-delivers a frame).
+	Debug(app string, frame json.RawMessage)
+	// RunEnded reports an app's workload ended without a kernel event.
+	RunEnded(app string, code *int, reason string)
+	// Reachability reports a declared tcp port's state.
+	Reachability(app string, port int, state string)
+}
+
+// Exit is how a workload ended.
+type Exit struct {
+	// Code is the exit code of a run session's workload (nil when unknown).
+	Code *int
+	// Err is set when the workload failed rather than exited
+	// (the message of a failed status).
+	Err error
+	// Stopped is true when Stop ended it.
+	Stopped bool
+}
+
+// Workload is a running session workload.
+type Workload interface {
+	// Stdin writes p to the app's stdin (dropped if the app is gone).
+	Stdin(app string, p []byte) error
+	// Resize sets the app's terminal size (tty apps; no-op otherwise).
+	Resize(app string, cols, rows int) error
+	// Stop ends the workload; idempotent, safe after a natural exit.
+	Stop(ctx context.Context) error
+	// Done is closed when the workload has ended and every Output call
+	// for it has returned.
+	Done() <-chan struct{}
+	// Exit reports how it ended; valid after Done is closed.
+	Exit() Exit
+}
+
+// Backend starts workloads.
+type Backend interface {
+	// Start launches spec. It returns once the workload is running (after
+	// calling sink.Running) or fails with a *StartError.
+	Start(ctx context.Context, spec Spec, sink Sink) (Workload, error)
+}
+
+// StartError is a classified start failure: the failed status message is
+// "<stage>: <message>".
+type StartError struct {
+	Stage   string // pull, inspect, daemon, create, attach, start
+	Message string
+}
+
+func (e *StartError) Error() string { return e.Stage + ": " + e.Message }

@@ -1,0 +1,275 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/services/pod-driver/internal/backend"
+)
+
+// Backend runs session workloads as process groups on this machine. It
+// implements backend.Backend. Its methods are safe for concurrent use.
+type Backend struct {
+	opts   Options
+	kernel []string // KernelCommand with its first word resolved
+	root   string   // absolute WorkRoot
+	log    *slog.Logger
+
+	transport *http.Transport // debug relays; no keep-alive
+	client    *http.Client
+	// dialRelay dials the kernels' inspection servers. Tests replace it
+	// before the first Start to cut relay connections.
+	dialRelay func(ctx context.Context, network, addr string) (net.Conn, error)
+
+	wg sync.WaitGroup // every workload goroutine
+
+	mu     sync.Mutex
+	closed bool
+	live   map[string]*Workload // by session id, from Start until done
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+// New validates opts, applies defaults, resolves the kernel command
+// through PATH and creates the work root.
+func New(opts Options) (*Backend, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	opts.applyDefaults()
+	kernel := slices.Clone(opts.KernelCommand)
+	path, err := exec.LookPath(kernel[0])
+	if err != nil {
+		return nil, fmt.Errorf("local backend: resolve kernel command: %w", err)
+	}
+	if kernel[0], err = filepath.Abs(path); err != nil {
+		return nil, fmt.Errorf("local backend: resolve kernel command: %w", err)
+	}
+	root, err := filepath.Abs(opts.WorkRoot)
+	if err != nil {
+		return nil, fmt.Errorf("local backend: resolve work root: %w", err)
+	}
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return nil, fmt.Errorf("local backend: create work root: %w", err)
+	}
+	b := &Backend{
+		opts:   opts,
+		kernel: kernel,
+		root:   root,
+		log:    opts.Logger,
+		live:   make(map[string]*Workload),
+	}
+	dialer := &net.Dialer{Timeout: 5 * time.Second}
+	b.dialRelay = dialer.DialContext
+	b.transport = &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return b.dialRelay(ctx, network, addr)
+		},
+		DisableKeepAlives:     true,
+		ResponseHeaderTimeout: 10 * time.Second,
+	}
+	b.client = &http.Client{Transport: b.transport}
+	return b, nil
+}
+
+// Start launches spec's workload: it creates the session directory,
+// writes the bundle, starts one process per app, calls sink.Running with
+// every declared port, then starts the reachability watchers and debug
+// relays and returns. Failures are *backend.StartError and leave nothing
+// behind. ctx bounds only the start; the workload lives until it exits,
+// Stop or Close.
+func (b *Backend) Start(ctx context.Context, spec backend.Spec, sink backend.Sink) (backend.Workload, error) {
+	w, err := b.start(ctx, spec, sink)
+	if err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+func (b *Backend) start(ctx context.Context, spec backend.Spec, sink backend.Sink) (*Workload, error) {
+	apps, err := sessionApps(spec)
+	if err != nil {
+		return nil, err
+	}
+	var image []string
+	if spec.SelfContained {
+		if image, err = imageArgv(spec.Config.Image); err != nil {
+			return nil, err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, &backend.StartError{Stage: "create", Message: err.Error()}
+	}
+
+	w := newWorkload(b, spec.SessionID, sink)
+	if err := b.register(w); err != nil {
+		return nil, err
+	}
+	started := false
+	defer func() {
+		if !started {
+			w.abort()
+		}
+	}()
+
+	if w.dir, err = createSessionDir(b.root, spec.SessionID); err != nil {
+		return nil, &backend.StartError{Stage: "create", Message: err.Error()}
+	}
+	if !spec.SelfContained {
+		if err := w.dir.writeBundle(spec.Bundle.Files); err != nil {
+			return nil, &backend.StartError{Stage: "create", Message: err.Error()}
+		}
+	}
+
+	pgids := make([]int, 0, len(apps))
+	for _, app := range apps {
+		p, err := b.startApp(ctx, spec, app, image, w)
+		if err != nil {
+			return nil, err
+		}
+		w.procs = append(w.procs, p)
+		pgids = append(pgids, p.pgid)
+	}
+	if err := w.dir.writePIDs(pgids); err != nil {
+		return nil, &backend.StartError{Stage: "start", Message: err.Error()}
+	}
+
+	endpoints := make([]contract.Endpoint, 0)
+	for _, app := range apps {
+		for _, p := range app.Ports {
+			endpoints = append(endpoints, contract.Endpoint{Port: p.Port, Protocol: p.Protocol})
+		}
+	}
+	sink.Running(endpoints)
+	w.launch(spec)
+	started = true
+	w.log.Info("session workload started", "apps", len(apps), "pgids", pgids)
+	return w, nil
+}
+
+// startApp starts one app's process.
+func (b *Backend) startApp(ctx context.Context, spec backend.Spec, app backend.App, image []string, w *Workload) (*proc, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, &backend.StartError{Stage: "start", Message: err.Error()}
+	}
+	argv := image
+	inspectPort := 0
+	if !spec.SelfContained {
+		entry, err := contract.NormalizePath(app.Entry)
+		if err != nil {
+			return nil, &backend.StartError{Stage: "create", Message: err.Error()}
+		}
+		if spec.Inspect {
+			if inspectPort, err = freeLoopbackPort(); err != nil {
+				return nil, &backend.StartError{Stage: "start", Message: err.Error()}
+			}
+		}
+		argv = kernelArgv(b.kernel, w.dir.entry(entry), inspectPort)
+	}
+	tty := app.IO != contract.IOStreams
+	env, dropped := kernelEnv(spec.Env, w.dir.home(), spec.Mode, tty)
+	log := w.log.With("app", app.Name)
+	if len(dropped) > 0 {
+		log.Warn("session env entries dropped", "names", dropped)
+	}
+	p, err := startProc(argv, w.dir.root, env, app, tty, log)
+	if err != nil {
+		return nil, &backend.StartError{Stage: "start", Message: err.Error()}
+	}
+	p.inspectPort = inspectPort
+	return p, nil
+}
+
+// sessionApps checks what this backend can run and returns the apps: run
+// sessions have exactly one (the default app when the spec lists none).
+// Watch sessions are not supported yet.
+func sessionApps(spec backend.Spec) ([]backend.App, error) {
+	if !contract.ValidSessionID(spec.SessionID) {
+		return nil, &backend.StartError{Stage: "create", Message: fmt.Sprintf("invalid session id %q", spec.SessionID)}
+	}
+	if spec.Mode != contract.ModeRun {
+		return nil, &backend.StartError{Stage: "create", Message: fmt.Sprintf("session mode %q is not supported by the local backend", spec.Mode)}
+	}
+	apps := spec.Apps
+	if len(apps) == 0 {
+		apps = []backend.App{{Name: contract.DefaultApp, Entry: spec.Bundle.EntryRelativePath, IO: contract.IOTTY}}
+	}
+	if len(apps) != 1 {
+		return nil, &backend.StartError{Stage: "create", Message: fmt.Sprintf("a run session has exactly one app, got %d", len(apps))}
+	}
+	return apps, nil
+}
+
+// Close stops every live workload (SIGTERM, then SIGKILL after StopGrace)
+// and waits until all have ended. When ctx ends first the rest are killed
+// at once and waited for, and ctx's error is returned: nothing is left
+// running either way. Start fails after Close.
+func (b *Backend) Close(ctx context.Context) error {
+	b.mu.Lock()
+	b.closed = true
+	ws := make([]*Workload, 0, len(b.live))
+	for _, w := range b.live {
+		ws = append(ws, w)
+	}
+	b.mu.Unlock()
+
+	for _, w := range ws {
+		w.requestStop()
+	}
+	var err error
+	for _, w := range ws {
+		select {
+		case <-w.done:
+			continue
+		case <-ctx.Done():
+			err = fmt.Errorf("close local backend: %w", ctx.Err())
+		}
+		break
+	}
+	if err != nil {
+		for _, w := range ws {
+			w.requestKill()
+		}
+	}
+	for _, w := range ws {
+		<-w.done
+	}
+	b.wg.Wait()
+	b.transport.CloseIdleConnections()
+	return err
+}
+
+// errClosed is the start failure after Close.
+var errClosed = errors.New("local backend is closed")
+
+func (b *Backend) register(w *Workload) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case b.closed:
+		return &backend.StartError{Stage: "create", Message: errClosed.Error()}
+	case b.live[w.id] != nil:
+		return &backend.StartError{Stage: "create", Message: fmt.Sprintf("session %s is already running", w.id)}
+	}
+	b.live[w.id] = w
+	return nil
+}
+
+func (b *Backend) unregister(w *Workload) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.live[w.id] == w {
+		delete(b.live, w.id)
+	}
+}

@@ -1,0 +1,81 @@
+package local
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Defaults applied by New to zero Options fields.
+const (
+	DefaultStopGrace         = 2 * time.Second
+	DefaultReachInterval     = 1 * time.Second // contract 11.7
+	DefaultReachDeadline     = 30 * time.Second
+	DefaultReachSlowInterval = 5 * time.Second
+	DefaultRelayRetry        = 500 * time.Millisecond // contract 10.4
+)
+
+// Options configures a Backend.
+type Options struct {
+	// KernelCommand is the argv prefix of the kernel, e.g.
+	// ["/path/devkernel"] or ["telo"]; "run", flags and the entry path are
+	// appended. The first word is resolved through PATH once, by New.
+	KernelCommand []string
+	// WorkRoot is the directory per-session directories live under. New
+	// creates it.
+	WorkRoot string
+	// Logger receives the backend's diagnostics; nil discards them.
+	Logger *slog.Logger
+	// StopGrace is how long Stop waits after SIGTERM before SIGKILL.
+	StopGrace time.Duration
+	// ReachInterval, ReachDeadline and ReachSlowInterval time the
+	// reachability watcher of every declared tcp port (contract 11.7).
+	ReachInterval, ReachDeadline, ReachSlowInterval time.Duration
+	// RelayRetry is the pause between debug-relay connection attempts
+	// (contract 10.4).
+	RelayRetry time.Duration
+}
+
+// Validate reports the first unusable field. Zero durations are allowed
+// (New replaces them with the defaults); negative ones are not.
+func (o Options) Validate() error {
+	if len(o.KernelCommand) == 0 || o.KernelCommand[0] == "" {
+		return errors.New("local backend: KernelCommand is empty")
+	}
+	if o.WorkRoot == "" {
+		return errors.New("local backend: WorkRoot is empty")
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"StopGrace", o.StopGrace},
+		{"ReachInterval", o.ReachInterval},
+		{"ReachDeadline", o.ReachDeadline},
+		{"ReachSlowInterval", o.ReachSlowInterval},
+		{"RelayRetry", o.RelayRetry},
+	} {
+		if d.v < 0 {
+			return fmt.Errorf("local backend: %s is negative (%v)", d.name, d.v)
+		}
+	}
+	return nil
+}
+
+func (o *Options) applyDefaults() {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	setDefault(&o.StopGrace, DefaultStopGrace)
+	setDefault(&o.ReachInterval, DefaultReachInterval)
+	setDefault(&o.ReachDeadline, DefaultReachDeadline)
+	setDefault(&o.ReachSlowInterval, DefaultReachSlowInterval)
+	setDefault(&o.RelayRetry, DefaultRelayRetry)
+}
+
+func setDefault(d *time.Duration, v time.Duration) {
+	if *d == 0 {
+		*d = v
+	}
+}

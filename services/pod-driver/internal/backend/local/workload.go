@@ -1,0 +1,220 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/services/pod-driver/internal/backend"
+)
+
+// Workload is a running session: one process per app in its session
+// directory. It implements backend.Workload.
+type Workload struct {
+	b     *Backend
+	id    string
+	dir   sessionDir
+	sink  backend.Sink
+	log   *slog.Logger
+	procs []*proc
+
+	stopOnce, killOnce sync.Once
+	stopCh, killCh     chan struct{} // closed by requestStop / requestKill
+
+	done chan struct{} // closed after exit is set
+	exit backend.Exit
+}
+
+var _ backend.Workload = (*Workload)(nil)
+
+func newWorkload(b *Backend, id string, sink backend.Sink) *Workload {
+	return &Workload{
+		b:      b,
+		id:     id,
+		sink:   sink,
+		log:    b.log.With("session", id),
+		stopCh: make(chan struct{}),
+		killCh: make(chan struct{}),
+		done:   make(chan struct{}),
+	}
+}
+
+// Stdin writes p to app's terminal or stdin. It is dropped once the app
+// has exited; an unknown app is an error.
+func (w *Workload) Stdin(app string, p []byte) error {
+	pr, err := w.proc(app)
+	if err != nil {
+		return err
+	}
+	return pr.writeStdin(p)
+}
+
+// Resize sets app's terminal size (tty apps; a no-op for streams).
+func (w *Workload) Resize(app string, cols, rows int) error {
+	pr, err := w.proc(app)
+	if err != nil {
+		return err
+	}
+	return pr.resize(cols, rows)
+}
+
+// Stop asks every app process group to end (SIGTERM, SIGKILL after the
+// backend's StopGrace) and waits for Done or ctx. It is idempotent and
+// safe after a natural exit; an expired ctx leaves the escalation running.
+func (w *Workload) Stop(ctx context.Context) error {
+	w.requestStop()
+	select {
+	case <-w.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("stop session %s: %w", w.id, ctx.Err())
+	}
+}
+
+// Done is closed when every app process has ended, its output has been
+// delivered, its watchers and relay have stopped and the session
+// directory is gone.
+func (w *Workload) Done() <-chan struct{} { return w.done }
+
+// Exit reports how the workload ended; valid after Done is closed. Code is
+// the first app's exit status (128+signal for a signal death); Stopped
+// replaces it when Stop ended the workload.
+func (w *Workload) Exit() backend.Exit {
+	<-w.done
+	return w.exit
+}
+
+func (w *Workload) proc(app string) (*proc, error) {
+	for _, p := range w.procs {
+		if p.app.Name == app {
+			return p, nil
+		}
+	}
+	return nil, fmt.Errorf("session %s has no app %q", w.id, app)
+}
+
+func (w *Workload) requestStop() { w.stopOnce.Do(func() { close(w.stopCh) }) }
+func (w *Workload) requestKill() { w.killOnce.Do(func() { close(w.killCh) }) }
+
+// launch starts the goroutines of every process and the one that finishes
+// the workload. Goroutines are owned by the backend's wait group.
+func (w *Workload) launch(spec backend.Spec) {
+	var procs sync.WaitGroup
+	for _, p := range w.procs {
+		procs.Go(func() { w.runProc(p, spec) })
+	}
+	w.b.wg.Go(func() {
+		procs.Wait()
+		w.finish()
+	})
+}
+
+// runProc owns one process until it has ended and everything attached to
+// it has stopped.
+func (w *Workload) runProc(p *proc, spec backend.Spec) {
+	var wg sync.WaitGroup
+	wg.Go(p.wait)
+	wg.Go(func() { p.supervise(w.stopCh, w.killCh, w.b.opts.StopGrace) })
+
+	pumped := make(chan struct{}, len(p.outputs))
+	for _, o := range p.outputs {
+		wg.Go(func() {
+			defer func() { pumped <- struct{}{} }()
+			p.pump(o, w.sink)
+		})
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	tm := reachTiming{w.b.opts.ReachInterval, w.b.opts.ReachDeadline, w.b.opts.ReachSlowInterval}
+	for _, port := range p.app.Ports {
+		if port.Protocol == "udp" {
+			continue // never watched (11.7)
+		}
+		wg.Go(func() { watchReach(ctx, p.app.Name, port.Port, tm, w.sink) })
+	}
+	relayed := make(chan struct{})
+	if p.inspectPort != 0 {
+		r := newRelay(p.app.Name, p.inspectPort, w.b.client, w.b.opts.RelayRetry, w.sink, p.log)
+		wg.Go(func() {
+			defer close(relayed)
+			r.run(ctx, p.exited)
+		})
+	} else {
+		close(relayed)
+	}
+
+	<-p.exited
+	drain, stopDrain := context.WithTimeout(context.Background(), drainTimeout)
+	defer stopDrain()
+	for range p.outputs {
+		select {
+		case <-pumped:
+		case <-drain.Done():
+			p.log.Warn("app output still open after exit; closing it")
+			p.closeFiles() // unblocks the remaining pumps
+			<-pumped
+		}
+	}
+	p.closeFiles()
+	select {
+	case <-relayed:
+	case <-drain.Done():
+	}
+	cancel() // watchers, and a relay still reading
+	wg.Wait()
+
+	if !p.wasStopped() {
+		w.sink.RunEnded(p.app.Name, contract.IntPtr(p.code), endReason(p.code))
+	}
+}
+
+// endReason is the RunEnded reason of an app process that ended on its
+// own: empty for a clean exit, so the projection closes an open
+// generation as completed (10.5.4).
+func endReason(code int) string {
+	switch {
+	case code == 0:
+		return ""
+	case code > 128:
+		return fmt.Sprintf("application process killed by signal %d (exit code %d)", code-128, code)
+	default:
+		return fmt.Sprintf("application process exited (code %d)", code)
+	}
+}
+
+// finish records the exit, removes the session directory and closes done.
+func (w *Workload) finish() {
+	first := w.procs[0]
+	w.exit = backend.Exit{Err: first.waitErr}
+	for _, p := range w.procs {
+		w.exit.Stopped = w.exit.Stopped || p.wasStopped()
+	}
+	if !w.exit.Stopped && first.waitErr == nil {
+		w.exit.Code = contract.IntPtr(first.code)
+	}
+	if err := w.dir.remove(); err != nil {
+		w.log.Warn("remove session directory", "err", err)
+	}
+	w.b.unregister(w)
+	close(w.done)
+}
+
+// abort undoes a failed Start: it kills the processes started so far,
+// removes the session directory and ends the workload.
+func (w *Workload) abort() {
+	for _, p := range w.procs {
+		p.kill()
+	}
+	if w.dir.root != "" {
+		if err := w.dir.remove(); err != nil {
+			w.log.Warn("remove session directory", "err", err)
+		}
+	}
+	w.exit = backend.Exit{Err: errors.New("start failed")}
+	w.b.unregister(w)
+	close(w.done)
+}

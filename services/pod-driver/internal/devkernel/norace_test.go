@@ -1,0 +1,5 @@
+//go:build !race
+
+package devkernel
+
+const raceEnabled = false

@@ -1,0 +1,7 @@
+//go:build darwin || dragonfly || freebsd || netbsd || openbsd
+
+package devkernel
+
+import "golang.org/x/sys/unix"
+
+const ioctlReadTermios = unix.TIOCGETA

@@ -1,0 +1,5 @@
+package devkernel
+
+import "golang.org/x/sys/unix"
+
+const ioctlReadTermios = unix.TCGETS

@@ -1,0 +1,368 @@
+package driver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/pkg/session"
+	"github.com/telorunner/telorunner/services/pod-driver/internal/backend"
+	"github.com/telorunner/telorunner/services/pod-driver/internal/iopump"
+	"github.com/telorunner/telorunner/services/pod-driver/internal/projection"
+)
+
+// owned is one session this driver owns, from claim to release.
+type owned struct {
+	d     *Driver
+	id    string
+	rec   session.Record
+	log   *slog.Logger
+	store *session.Store
+
+	ctx    context.Context // ends when the session is released
+	cancel context.CancelFunc
+
+	pumps map[string]*iopump.Pump
+	proj  *projection.Projection
+
+	events  chan contract.Event // ordered emission queue
+	evDone  chan struct{}
+	flushMu sync.Mutex
+
+	mu       sync.Mutex
+	w        backend.Workload
+	stopReq  bool
+	shutdown atomic.Bool // driver shutting down: end as stopped
+}
+
+// own reconciles one command for session id.
+func (d *Driver) own(ctx context.Context, id string, adopt bool, m jetstream.Msg) {
+	log := d.log.With("session", id)
+	store := d.o.Store
+	rec, _, err := store.Get(ctx, id)
+	if errors.Is(err, session.ErrNotFound) {
+		_ = m.Ack()
+		return
+	}
+	if err != nil {
+		log.Warn("read session", "err", err)
+		_ = m.NakWithDelay(time.Second)
+		return
+	}
+	if rec.Status.Terminal() || rec.Status.Kind == contract.StatusSuspended {
+		_ = m.Ack()
+		return
+	}
+	rev, ok, err := d.claim(ctx, id)
+	if err != nil {
+		log.Warn("claim session", "err", err)
+		_ = m.NakWithDelay(time.Second)
+		return
+	}
+	if !ok {
+		_ = m.Ack() // another driver owns it
+		return
+	}
+	_ = m.Ack()
+	release := func() { _ = store.Owners.Delete(context.Background(), id, jetstream.LastRevision(rev)) }
+	if rec.UserStopped {
+		_, _ = store.SetStatus(ctx, id, contract.Status{Kind: contract.StatusStopped}, nil)
+		release()
+		return
+	}
+	if adopt || rec.Status.Kind != contract.StatusStarting {
+		// A local workload whose driver died cannot be re-attached: its
+		// terminal and pipes ended with that process. Say so, never go
+		// silent (ARCHITECTURE §3).
+		_, _ = store.SetStatus(ctx, id, contract.Status{Kind: contract.StatusFailed, Message: "workload lost: the driver that owned it stopped"}, nil)
+		release()
+		return
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	o := &owned{d: d, id: id, rec: rec, log: log, store: store, ctx: sctx, cancel: cancel,
+		pumps: map[string]*iopump.Pump{}, events: make(chan contract.Event, 4096), evDone: make(chan struct{})}
+	d.mu.Lock()
+	d.owned[id] = o
+	d.mu.Unlock()
+	d.m.sessions.Inc()
+	defer func() {
+		d.mu.Lock()
+		delete(d.owned, id)
+		d.mu.Unlock()
+		d.m.sessions.Dec()
+	}()
+	o.run(rev)
+}
+
+// run drives the session from start to its terminal status.
+func (o *owned) run(ownerRev uint64) {
+	defer o.cancel()
+	go o.emitLoop()
+	renewDone := make(chan struct{})
+	go func() {
+		defer close(renewDone)
+		o.renew(ownerRev)
+	}()
+	for _, a := range o.rec.Apps {
+		o.pumps[a.Name] = iopump.New(o.store.IO, bus.IOSubject(o.id, a.Name), 0, o.log)
+	}
+	o.proj = projection.New(ledger{o}, o.enqueue, nil)
+	svc, err := o.serveCtl()
+	if err != nil {
+		o.log.Error("serve control", "err", err)
+	}
+
+	final := o.start()
+
+	// Everything the workload wrote and reported lands before the
+	// terminal status.
+	for _, p := range o.pumps {
+		p.Close()
+	}
+	o.flush()
+	if final != nil {
+		if _, err := o.store.SetStatus(context.Background(), o.id, *final, nil); err != nil && !errors.Is(err, session.ErrTerminal) {
+			o.log.Error("set final status", "err", err)
+		}
+	}
+	if svc != nil {
+		_ = svc.Stop()
+	}
+	close(o.events)
+	<-o.evDone
+	o.cancel()
+	<-renewDone
+	_ = o.store.Owners.Delete(context.Background(), o.id)
+}
+
+// start launches the workload and waits for it to end; it returns the
+// terminal status to record.
+func (o *owned) start() *contract.Status {
+	bundle, err := o.store.GetBundle(o.ctx, o.id)
+	if err != nil {
+		return &contract.Status{Kind: contract.StatusFailed, Message: "start: " + err.Error()}
+	}
+	spec := backend.Spec{
+		SessionID: o.id, Mode: o.rec.Mode, Bundle: bundle, Env: o.rec.Launch.Env,
+		Config: o.rec.Launch.Config, Inspect: o.rec.Launch.Inspect, SelfContained: o.rec.Launch.SelfContained,
+	}
+	for _, a := range o.rec.Apps {
+		spec.Apps = append(spec.Apps, backend.App{Name: a.Name, Entry: a.Entry, Ports: a.Ports, IO: a.IO})
+	}
+	o.d.m.started.Inc()
+	app := ""
+	if o.rec.Mode == contract.ModeRun {
+		app = o.rec.Apps[0].Name
+	}
+	o.Progress(contract.PhaseProvision, "Starting workload", false, app)
+	w, err := o.d.o.Backend.Start(o.ctx, spec, o)
+	if err != nil {
+		o.d.m.failed.Inc()
+		if o.stopped() {
+			return &contract.Status{Kind: contract.StatusStopped}
+		}
+		return &contract.Status{Kind: contract.StatusFailed, Message: err.Error()}
+	}
+	o.mu.Lock()
+	o.w = w
+	stop := o.stopReq
+	o.mu.Unlock()
+	if stop || o.userStopped() {
+		// DELETE arrived while starting (4.4.4): stop the new workload now.
+		_ = w.Stop(context.Background())
+	}
+	<-w.Done()
+	exit := w.Exit()
+	switch {
+	case exit.Stopped || o.stopped() || o.userStopped():
+		return &contract.Status{Kind: contract.StatusStopped}
+	case exit.Err != nil:
+		return &contract.Status{Kind: contract.StatusFailed, Message: exit.Err.Error()}
+	case o.rec.Mode == contract.ModeWatch:
+		return &contract.Status{Kind: contract.StatusFailed, Message: "session workload ended"}
+	default:
+		code := 0
+		if exit.Code != nil {
+			code = *exit.Code
+		}
+		return &contract.Status{Kind: contract.StatusExited, Code: &code}
+	}
+}
+
+func (o *owned) stopped() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.stopReq || o.shutdown.Load()
+}
+
+func (o *owned) userStopped() bool {
+	rec, _, err := o.store.Get(context.Background(), o.id)
+	return err == nil && rec.UserStopped
+}
+
+// requestStop stops the workload (or the start in progress).
+func (o *owned) requestStop(ctx context.Context) error {
+	o.mu.Lock()
+	o.stopReq = true
+	w := o.w
+	o.mu.Unlock()
+	if w == nil {
+		o.cancel() // abort the start; the workload never runs
+		return nil
+	}
+	return w.Stop(ctx)
+}
+
+// shutdownStop is the driver's clean exit: every session it owns stops.
+func (o *owned) shutdownStop() {
+	o.shutdown.Store(true)
+	_, _ = o.store.Update(context.Background(), o.id, func(r *session.Record) error {
+		if r.UserStopped {
+			return bus.ErrNoChange
+		}
+		r.UserStopped = true
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = o.requestStop(ctx)
+}
+
+// renew keeps the owner key alive until the session is released.
+func (o *owned) renew(rev uint64) {
+	t := time.NewTicker(o.d.o.OwnerTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-o.ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := o.store.Owners.Update(o.ctx, o.id, []byte(o.d.o.ID), rev)
+		if err != nil {
+			if o.ctx.Err() != nil {
+				return
+			}
+			o.log.Warn("renew owner key", "err", err)
+			// Re-create it if it expired and nobody took it.
+			if n, err = o.store.Owners.Create(o.ctx, o.id, []byte(o.d.o.ID)); err != nil {
+				o.log.Error("lost session ownership; stopping workload", "err", err)
+				_ = o.requestStop(context.Background())
+				return
+			}
+		}
+		rev = n
+	}
+}
+
+// enqueue queues an event for ordered emission.
+func (o *owned) enqueue(ev contract.Event) { o.events <- ev }
+
+// emitLoop appends queued events in order.
+func (o *owned) emitLoop() {
+	defer close(o.evDone)
+	for ev := range o.events {
+		if ev.Type == "" { // flush marker
+			o.flushMu.Unlock()
+			continue
+		}
+		if _, err := o.store.Emit(context.Background(), o.id, ev); err != nil {
+			o.log.Error("emit event", "type", ev.Type, "err", err)
+		}
+	}
+}
+
+// flush waits until every queued event was appended.
+func (o *owned) flush() {
+	o.flushMu.Lock()
+	o.events <- contract.Event{}
+	o.flushMu.Lock() // unlocked by emitLoop at the marker
+	o.flushMu.Unlock()
+}
+
+// serveCtl answers runner.ctl.<id>.* while the session is owned.
+func (o *owned) serveCtl() (micro.Service, error) {
+	svc, err := micro.AddService(o.d.o.NC, micro.Config{
+		Name: bus.ServiceCtl, Version: "0.1.0",
+		Description: "Control of the sessions a pod-driver owns",
+		Metadata:    map[string]string{"session": o.id, "driver": o.d.o.ID},
+	})
+	if err != nil {
+		return nil, err
+	}
+	err = svc.AddEndpoint("ctl", micro.HandlerFunc(o.handleCtl), micro.WithEndpointSubject(bus.CtlSubjects(o.id)))
+	if err != nil {
+		_ = svc.Stop()
+		return nil, err
+	}
+	return svc, nil
+}
+
+func (o *owned) handleCtl(req micro.Request) {
+	app := req.Headers().Get(bus.HeaderApp)
+	o.mu.Lock()
+	w := o.w
+	o.mu.Unlock()
+	switch bus.CtlVerb(req.Subject()) {
+	case bus.CtlStdin:
+		if w != nil {
+			_ = w.Stdin(app, req.Data())
+		}
+	case bus.CtlResize:
+		var sz struct{ Cols, Rows int }
+		if w != nil && json.Unmarshal(req.Data(), &sz) == nil {
+			_ = w.Resize(app, sz.Cols, sz.Rows)
+		}
+	case bus.CtlStop:
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := o.requestStop(ctx); err != nil {
+			respondErr(req, "stop_failed", err.Error())
+			return
+		}
+		respondOK(req)
+	default:
+		respondErr(req, "invalid_request", "unknown control verb")
+	}
+}
+
+func respondOK(req micro.Request) {
+	if req.Reply() != "" {
+		_ = req.Respond([]byte(`{"ok":true}`))
+	}
+}
+
+func respondErr(req micro.Request, code, msg string) {
+	if req.Reply() != "" {
+		b, _ := json.Marshal(contract.Error{Code: code, Message: msg})
+		_ = req.Respond(b)
+	}
+}
+
+// ledger persists generations in the session record.
+type ledger struct{ o *owned }
+
+func (l ledger) OpenGeneration(app string) (int, string, error) {
+	var gen int
+	var trigger string
+	_, err := l.o.store.Update(context.Background(), l.o.id, func(r *session.Record) error {
+		a, ok := r.App(app)
+		if !ok {
+			return errors.New("no app " + app)
+		}
+		a.Generation++
+		gen, trigger = a.Generation, a.Trigger
+		a.Trigger = ""
+		return nil
+	})
+	return gen, trigger, err
+}

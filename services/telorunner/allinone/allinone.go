@@ -1,0 +1,157 @@
+// Package allinone runs the whole of telorunner in one process: an
+// embedded NATS server with JetStream (unless RUNNER_NATS_URL points at an
+// external one) and the same Run functions of api-edge, pod-driver,
+// supervisor and workspace-proxy that run as separate services.
+package allinone
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/obs"
+	"github.com/telorunner/telorunner/pkg/run"
+	"github.com/telorunner/telorunner/services/api-edge/edge"
+	"github.com/telorunner/telorunner/services/pod-driver/driver"
+	"github.com/telorunner/telorunner/services/supervisor/supervisor"
+	"github.com/telorunner/telorunner/services/workspace-proxy/proxy"
+)
+
+// Config is the all-in-one configuration.
+type Config struct {
+	NATSURL    string // RUNNER_NATS_URL: external NATS; empty = embedded
+	DataDir    string // RUNNER_DATA_DIR: embedded store and session dirs (./.telorunner)
+	NATSPort   int    // RUNNER_NATS_PORT: embedded server port (-1 = random)
+	Replicas   int    // RUNNER_NATS_REPLICAS
+	Edge       edge.Config
+	Driver     driver.Config
+	Supervisor supervisor.Config
+}
+
+// LoadConfig reads every service's configuration from the environment.
+func LoadConfig(lookup func(string) (string, bool)) (Config, error) {
+	get := func(k string) string { v, _ := lookup(k); return strings.TrimSpace(v) }
+	c := Config{NATSURL: get("RUNNER_NATS_URL"), DataDir: get("RUNNER_DATA_DIR"), NATSPort: -1, Replicas: 1}
+	if c.DataDir == "" {
+		c.DataDir = ".telorunner"
+	}
+	if v := get("RUNNER_NATS_PORT"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < -1 || n > 65535 {
+			return c, fmt.Errorf("RUNNER_NATS_PORT: must be a port number or -1, got %q", v)
+		}
+		c.NATSPort = n
+	}
+	if v := get("RUNNER_NATS_REPLICAS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 5 {
+			return c, fmt.Errorf("RUNNER_NATS_REPLICAS: must be 1 to 5, got %q", v)
+		}
+		c.Replicas = n
+	}
+	var err error
+	if c.Edge, err = edge.LoadConfig(lookup); err != nil {
+		return c, err
+	}
+	withData := func(k string) (string, bool) {
+		if k == "RUNNER_DATA_DIR" {
+			return c.DataDir, true
+		}
+		return lookup(k)
+	}
+	if c.Driver, err = driver.LoadConfig(withData); err != nil {
+		return c, err
+	}
+	c.Supervisor.ExitTTL = c.Edge.ExitTTL
+	return c, nil
+}
+
+// Deps are the all-in-one's injectables (tests).
+type Deps struct {
+	Logger   *slog.Logger
+	Listener net.Listener
+	// Ready is called with the /v1 address and the NATS URL once serving.
+	Ready func(httpAddr net.Addr, natsURL string)
+}
+
+// Run starts everything and serves until ctx ends, then stops the services
+// (the driver stops its workloads) before the embedded NATS server.
+func Run(ctx context.Context, cfg Config, d Deps) error {
+	log := d.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	url := cfg.NATSURL
+	if url == "" {
+		ns, err := startNATS(filepath.Join(cfg.DataDir, "nats"), cfg.NATSPort)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			ns.Shutdown()
+			ns.WaitForShutdown()
+		}()
+		url = ns.ClientURL()
+		log.Info("embedded nats with jetstream", "url", url, "store", filepath.Join(cfg.DataDir, "nats"))
+	}
+	lim := bus.Limits{Replicas: cfg.Replicas, ReplayBytes: cfg.Edge.ReplayBufferBytes}
+	conns := map[string]*nats.Conn{}
+	for _, name := range []string{"api-edge", "pod-driver", "supervisor", "workspace-proxy"} {
+		nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1))
+		if err != nil {
+			return fmt.Errorf("connect nats for %s: %w", name, err)
+		}
+		defer nc.Close()
+		conns[name] = nc
+	}
+	reg := obs.NewRegistry()
+	g := run.NewGroup(ctx)
+	g.Go("pod-driver", func(ctx context.Context) error {
+		return driver.Run(ctx, cfg.Driver, driver.Deps{NC: conns["pod-driver"], Logger: log, Registry: reg, Limits: lim})
+	})
+	g.Go("supervisor", func(ctx context.Context) error {
+		return supervisor.Run(ctx, cfg.Supervisor, supervisor.Deps{NC: conns["supervisor"], Logger: log, Limits: lim})
+	})
+	g.Go("workspace-proxy", func(ctx context.Context) error {
+		return proxy.Run(ctx, proxy.Config{}, proxy.Deps{NC: conns["workspace-proxy"], Logger: log, Limits: lim})
+	})
+	g.Go("api-edge", func(ctx context.Context) error {
+		return edge.Run(ctx, cfg.Edge, edge.Deps{NC: conns["api-edge"], Logger: log, Registry: reg, Listener: d.Listener, Limits: lim,
+			Ready: func(a net.Addr) {
+				if d.Ready != nil {
+					d.Ready(a, url)
+				}
+			}})
+	})
+	<-g.Context().Done()
+	return g.WaitTimeout(30 * time.Second)
+}
+
+func startNATS(dir string, port int) (*server.Server, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("RUNNER_DATA_DIR: %w", err)
+	}
+	s, err := server.NewServer(&server.Options{
+		ServerName: "telorunner", Host: "127.0.0.1", Port: port,
+		JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(30 * time.Second) {
+		s.Shutdown()
+		return nil, fmt.Errorf("embedded nats: not ready within 30s")
+	}
+	return s, nil
+}
