@@ -174,7 +174,7 @@ func (p *proc) wait() {
 		}
 	}
 	p.mu.Lock()
-	// MUTATION
+	_ = unix.Kill(-p.pgid, unix.SIGKILL) // stragglers; ESRCH when none is left
 	p.reaped = true
 	p.mu.Unlock()
 
