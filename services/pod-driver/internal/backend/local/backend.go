@@ -152,7 +152,7 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, sink backend.Sin
 		}
 	}
 	sink.Running(endpoints)
-	w.launch(spec)
+	w.launch()
 	started = true
 	w.log.Info("session workload started", "apps", len(apps), "pgids", pgids)
 	return w, nil
@@ -227,27 +227,28 @@ func (b *Backend) Close(ctx context.Context) error {
 	for _, w := range ws {
 		w.requestStop()
 	}
-	var err error
-	for _, w := range ws {
-		select {
-		case <-w.done:
-			continue
-		case <-ctx.Done():
-			err = fmt.Errorf("close local backend: %w", ctx.Err())
-		}
-		break
-	}
+	err := waitAll(ctx, ws)
 	if err != nil {
 		for _, w := range ws {
 			w.requestKill()
 		}
-	}
-	for _, w := range ws {
-		<-w.done
+		_ = waitAll(context.Background(), ws) // SIGKILL and bounded drains: this ends
 	}
 	b.wg.Wait()
 	b.transport.CloseIdleConnections()
 	return err
+}
+
+// waitAll waits until every workload is done or ctx ends.
+func waitAll(ctx context.Context, ws []*Workload) error {
+	for _, w := range ws {
+		select {
+		case <-w.done:
+		case <-ctx.Done():
+			return fmt.Errorf("close local backend: %w", ctx.Err())
+		}
+	}
+	return nil
 }
 
 // errClosed is the start failure after Close.

@@ -104,7 +104,7 @@ func (p *proc) startTTY() error {
 // mode; a blocking read could not be interrupted by Close, so a descendant
 // holding the terminal open would pin the pump forever.
 func pollable(f *os.File) (*os.File, error) {
-	defer f.Close()
+	defer func() { _ = f.Close() }() // the duplicate lives on
 	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("dup pty master: %w", err)

@@ -71,7 +71,7 @@ func (r *relay) stream(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("get events: %w", err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // a read stream; nothing to flush
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return fmt.Errorf("get events: status %s", resp.Status)
 	}

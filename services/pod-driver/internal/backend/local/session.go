@@ -60,7 +60,7 @@ func (d sessionDir) writeBundle(files []contract.BundleFile) error {
 	if err != nil {
 		return fmt.Errorf("open bundle root: %w", err)
 	}
-	defer root.Close()
+	defer func() { _ = root.Close() }() // a directory handle; nothing to flush
 	for _, f := range files {
 		rel, err := contract.NormalizePath(f.RelativePath)
 		if err != nil {

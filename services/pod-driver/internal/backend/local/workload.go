@@ -79,9 +79,10 @@ func (w *Workload) Stop(ctx context.Context) error {
 // directory is gone.
 func (w *Workload) Done() <-chan struct{} { return w.done }
 
-// Exit reports how the workload ended; valid after Done is closed. Code is
-// the first app's exit status (128+signal for a signal death); Stopped
-// replaces it when Stop ended the workload.
+// Exit reports how the workload ended, blocking until Done is closed. Code
+// is the first app's exit status (128+signal for a signal death); when
+// Stop (or Close) ended the workload, Stopped is set and Code is nil. Err
+// is set when the process could not be waited for.
 func (w *Workload) Exit() backend.Exit {
 	<-w.done
 	return w.exit
@@ -101,10 +102,10 @@ func (w *Workload) requestKill() { w.killOnce.Do(func() { close(w.killCh) }) }
 
 // launch starts the goroutines of every process and the one that finishes
 // the workload. Goroutines are owned by the backend's wait group.
-func (w *Workload) launch(spec backend.Spec) {
+func (w *Workload) launch() {
 	var procs sync.WaitGroup
 	for _, p := range w.procs {
-		procs.Go(func() { w.runProc(p, spec) })
+		procs.Go(func() { w.runProc(p) })
 	}
 	w.b.wg.Go(func() {
 		procs.Wait()
@@ -114,7 +115,7 @@ func (w *Workload) launch(spec backend.Spec) {
 
 // runProc owns one process until it has ended and everything attached to
 // it has stopped.
-func (w *Workload) runProc(p *proc, spec backend.Spec) {
+func (w *Workload) runProc(p *proc) {
 	var wg sync.WaitGroup
 	wg.Go(p.wait)
 	wg.Go(func() { p.supervise(w.stopCh, w.killCh, w.b.opts.StopGrace) })
