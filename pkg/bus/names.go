@@ -67,6 +67,16 @@ const (
 	CtlSuspend = "suspend"
 )
 
+// Workspace operations on runner.ws.<sessionId>.<op>.
+const (
+	WSTree       = "tree"
+	WSRead       = "read"
+	WSApply      = "apply"
+	WSTouch      = "touch"
+	WSCheckpoint = "checkpoint"
+	WSRestore    = "restore"
+)
+
 // Headers.
 const (
 	// HeaderSeq carries the contiguous per-subject sequence of a log entry.
@@ -104,6 +114,12 @@ func CtlVerb(subject string) string {
 	i := strings.LastIndexByte(subject, '.')
 	return subject[i+1:]
 }
+
+// WSSubject is the workspace operation subject of a session.
+func WSSubject(sessionID, op string) string { return SubjectWSPrefix + sessionID + "." + op }
+
+// WSSubjects matches every workspace operation of every session.
+const WSSubjects = SubjectWSPrefix + "*.*"
 
 // PresenceKey is the presence key of one edge for a session.
 func PresenceKey(sessionID, edgeID string) string { return sessionID + "." + edgeID }

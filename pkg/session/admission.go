@@ -6,16 +6,29 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/contract"
 )
 
-// Slots is the admission ledger: every retained session id and its mode.
-// It is changed only with compare-and-set, so the ceilings hold exactly
-// across any number of edge replicas.
+// Slots is the admission ledger: every retained session id, its mode and
+// when it was admitted. It is changed only with compare-and-set, so the
+// ceilings hold exactly across any number of edge replicas.
 type Slots struct {
-	IDs map[string]string `json:"ids"`
+	IDs map[string]Slot `json:"ids"`
 }
+
+// Slot is one admitted session.
+type Slot struct {
+	Mode string    `json:"mode"`
+	At   time.Time `json:"at"`
+}
+
+// orphanGrace is how long a slot may exist without its record (the record
+// is written right after admission) before it counts as the leftover of a
+// creation that crashed and is reclaimed.
+const orphanGrace = time.Minute
 
 // Limits are the admission ceilings.
 type Limits struct {
@@ -32,16 +45,19 @@ func (s *Store) Admit(ctx context.Context, id, mode string, lim Limits) error {
 	_, _, err := bus.UpdateJSON(ctx, s.Admission, bus.KeyAdmissionSlots, true, func(sl *Slots) error {
 		victim = ""
 		if sl.IDs == nil {
-			sl.IDs = map[string]string{}
+			sl.IDs = map[string]Slot{}
 		}
+		now := s.Now()
 		var oldest time.Time
 		liveWatch := 0
-		for other := range sl.IDs {
+		for other, slot := range sl.IDs {
 			r, _, err := s.Get(ctx, other)
 			if errors.Is(err, ErrNotFound) {
-				// A slot without a record (a crash between the two writes)
-				// is reclaimed first.
-				victim, oldest = other, time.Time{}.Add(-time.Hour)
+				if now.Sub(slot.At) < orphanGrace {
+					continue // being created right now: live
+				}
+				// The leftover of a creation that crashed: reclaimed first.
+				victim, oldest = other, time.Time{}
 				continue
 			}
 			if err != nil {
@@ -64,7 +80,7 @@ func (s *Store) Admit(ctx context.Context, id, mode string, lim Limits) error {
 		} else {
 			delete(sl.IDs, victim)
 		}
-		sl.IDs[id] = mode
+		sl.IDs[id] = Slot{Mode: mode, At: now}
 		return nil
 	})
 	if err != nil {
@@ -82,12 +98,15 @@ func (s *Store) Admit(ctx context.Context, id, mode string, lim Limits) error {
 // suspended (the pre-check of creation step 7).
 func (s *Store) CountLiveWatch(ctx context.Context) (int, error) {
 	sl, _, err := bus.GetJSON[Slots](ctx, s.Admission, bus.KeyAdmissionSlots)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return 0, nil // no ledger yet: nothing admitted
+	}
 	if err != nil {
-		return 0, nil //nolint:nilerr // no ledger yet: nothing admitted
+		return 0, err
 	}
 	n := 0
-	for id, mode := range sl.IDs {
-		if mode != contract.ModeWatch {
+	for id, slot := range sl.IDs {
+		if slot.Mode != contract.ModeWatch {
 			continue
 		}
 		if r, _, err := s.Get(ctx, id); err == nil && r.LiveWatch() {

@@ -23,6 +23,11 @@ type Record struct {
 	IdleSince   *time.Time      `json:"idleSince,omitempty"`
 	UserStopped bool            `json:"userStopped,omitempty"`
 	Launch      Launch          `json:"launch"`
+	// Workspace is the base URL of a watch session's live workspace
+	// server ("" while it has none).
+	Workspace string `json:"workspace,omitempty"`
+	// Reloads are the admitted reload/write times of the last 60 s (13.5).
+	Reloads []time.Time `json:"reloads,omitempty"`
 }
 
 // App is one app channel of a session.

@@ -27,7 +27,7 @@ import (
 	"github.com/telorunner/telorunner/services/telorunner/allinone"
 )
 
-var devkernel string
+var devkernel, workspaceServer string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "telorunner-e2e-bin")
@@ -42,6 +42,14 @@ func TestMain(m *testing.M) {
 	build.Env = append(os.Environ(), "GOWORK=off")
 	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build devkernel: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	workspaceServer = filepath.Join(dir, "workspace-server")
+	build = exec.Command("go", "build", "-o", workspaceServer, "./cmd/workspace-server")
+	build.Dir = filepath.Join(filepath.Dir(file), "..", "..", "workspace-proxy")
+	build.Env = append(os.Environ(), "GOWORK=off")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build workspace-server: %v\n%s", err, out)
 		os.Exit(1)
 	}
 	code := m.Run()
@@ -75,7 +83,10 @@ func startRunner(t *testing.T, vars map[string]string) *runner {
 	if _, ok := vars["RUNNER_DATA_DIR"]; !ok {
 		vars["RUNNER_DATA_DIR"] = dataDir
 	}
-	vars["RUNNER_KERNEL_COMMAND"] = devkernel
+	if _, ok := vars["RUNNER_KERNEL_COMMAND"]; !ok {
+		vars["RUNNER_KERNEL_COMMAND"] = devkernel
+	}
+	vars["RUNNER_WORKSPACE_SERVER_COMMAND"] = workspaceServer
 	return startRunnerWith(t, vars)
 }
 

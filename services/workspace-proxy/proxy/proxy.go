@@ -1,22 +1,36 @@
-// Package proxy is the workspace-proxy service's entry point. It will
-// serve the runner-ws request/reply service (tree, read, apply, touch,
-// checkpoint, restore) for watch sessions; until watch sessions land it
-// only provisions the bus and waits, and says so in its log.
+// Package proxy is the workspace-proxy service's entry point: the
+// runner-ws request/reply service (nats micro, queue group, so any number
+// of replicas share the load) that relays a watch session's workspace
+// operations to its workspace server, whose address it resolves from the
+// session record.
 package proxy
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/pkg/session"
+	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsclient"
 )
 
 // Config is the workspace-proxy configuration.
-type Config struct{}
+type Config struct {
+	// MaxInFlight bounds concurrent workspace operations of this replica.
+	MaxInFlight int
+}
 
 // Deps are the proxy's connections.
 type Deps struct {
@@ -25,8 +39,16 @@ type Deps struct {
 	Limits bus.Limits
 }
 
-// Run provisions the bus and waits until ctx ends.
-func Run(ctx context.Context, _ Config, d Deps) error {
+// Run serves runner-ws until ctx ends, then drains in-flight operations.
+func Run(ctx context.Context, cfg Config, d Deps) error {
+	if cfg.MaxInFlight <= 0 {
+		cfg.MaxInFlight = 64
+	}
+	log := d.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	log = log.With("service", "workspace-proxy")
 	js, err := jetstream.New(d.NC)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
@@ -34,11 +56,159 @@ func Run(ctx context.Context, _ Config, d Deps) error {
 	if err := bus.Provision(ctx, js, d.Limits); err != nil {
 		return err
 	}
-	log := d.Logger
-	if log == nil {
-		log = slog.Default()
+	store, err := session.Open(ctx, js, bus.Limits.Defaults(d.Limits).ReplayBytes)
+	if err != nil {
+		return err
 	}
-	log.Info("workspace-proxy ready; workspace operations arrive with watch sessions", "service", "workspace-proxy")
+	p := &proxy{store: store, log: log, sem: make(chan struct{}, cfg.MaxInFlight), hc: &http.Client{}}
+	svc, err := micro.AddService(d.NC, micro.Config{
+		Name: bus.ServiceWS, Version: "0.1.0",
+		Description: "Workspace operations of watch sessions",
+	})
+	if err != nil {
+		return fmt.Errorf("add service %s: %w", bus.ServiceWS, err)
+	}
+	if err := svc.AddEndpoint("ws", micro.HandlerFunc(p.handle), micro.WithEndpointSubject(bus.WSSubjects)); err != nil {
+		_ = svc.Stop()
+		return fmt.Errorf("add endpoint: %w", err)
+	}
+	log.Info("workspace-proxy serving runner-ws")
 	<-ctx.Done()
+	err = svc.Stop()
+	p.wg.Wait()
+	return err
+}
+
+type proxy struct {
+	store *session.Store
+	log   *slog.Logger
+	sem   chan struct{}
+	wg    sync.WaitGroup
+	hc    *http.Client
+}
+
+// handle runs each operation on its own goroutine (bounded), so one slow
+// workspace never blocks the subscription.
+func (p *proxy) handle(req micro.Request) {
+	p.sem <- struct{}{}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		defer func() { <-p.sem }()
+		ctx, cancel := context.WithTimeout(context.Background(), wsclient.Timeout+5*time.Second)
+		defer cancel()
+		result, err := p.do(ctx, req)
+		var body []byte
+		if err != nil {
+			var ce *contract.Error
+			if !errors.As(err, &ce) {
+				ce = contract.Errorf("workspace_error", "%v", err)
+			}
+			body, _ = json.Marshal(ce)
+		} else {
+			body, _ = json.Marshal(map[string]any{"ok": true, "result": result})
+		}
+		if err := req.Respond(body); err != nil {
+			p.log.Warn("respond", "subject", req.Subject(), "err", err)
+		}
+	}()
+}
+
+// do resolves the session's workspace and performs one operation.
+func (p *proxy) do(ctx context.Context, req micro.Request) (any, error) {
+	parts := strings.Split(req.Subject(), ".")
+	if len(parts) != 4 {
+		return nil, contract.Errorf("invalid_request", "bad subject %q", req.Subject())
+	}
+	id, op := parts[2], parts[3]
+	rec, _, err := p.store.Get(ctx, id)
+	if errors.Is(err, session.ErrNotFound) {
+		return nil, contract.Errorf("not_found", "session '%s' not in registry", id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if rec.Mode != contract.ModeWatch {
+		return nil, contract.Errorf("not_a_watch_session", "session '%s' is not a watch session", id)
+	}
+	if rec.Workspace == "" || rec.Status.Kind != contract.StatusRunning {
+		return nil, contract.Errorf("not_running", "session '%s' has no live workspace", id)
+	}
+	c := wsclient.New(rec.Workspace, p.hc)
+	res, err := p.op(ctx, c, op, req.Data())
+	if err != nil {
+		return nil, mapErr(err)
+	}
+	return res, nil
+}
+
+func (p *proxy) op(ctx context.Context, c *wsclient.Client, op string, data []byte) (any, error) {
+	switch op {
+	case bus.WSTree:
+		return c.Tree(ctx)
+	case bus.WSRead:
+		var r contract.WSRead
+		if err := json.Unmarshal(data, &r); err != nil {
+			return nil, contract.Errorf("invalid_request", "read: %v", err)
+		}
+		return c.Read(ctx, r.Path, r.Encoding)
+	case bus.WSApply:
+		var cs wsclient.ChangeSet
+		if err := json.Unmarshal(data, &cs); err != nil {
+			return nil, contract.Errorf("invalid_request", "apply: %v", err)
+		}
+		if err := normalizeChangeSet(&cs); err != nil {
+			return nil, err
+		}
+		return c.Apply(ctx, cs)
+	case bus.WSTouch:
+		var t contract.WSTouch
+		if err := json.Unmarshal(data, &t); err != nil {
+			return nil, contract.Errorf("invalid_request", "touch: %v", err)
+		}
+		n, err := c.Touch(ctx, t.Paths)
+		return map[string]int{"touched": n}, err
+	}
+	return nil, contract.Errorf("invalid_request", "unknown workspace operation %q", op)
+}
+
+// normalizeChangeSet re-normalizes every path: the proxy never trusts its
+// caller to have done so (19.17).
+func normalizeChangeSet(cs *wsclient.ChangeSet) error {
+	for i, w := range cs.Write {
+		p, err := contract.NormalizePath(w.Path)
+		if err != nil {
+			return contract.Errorf("invalid_path", "%v", err)
+		}
+		cs.Write[i].Path = p
+	}
+	for i, d := range cs.Delete {
+		p, err := contract.NormalizePath(d)
+		if err != nil {
+			return contract.Errorf("invalid_path", "%v", err)
+		}
+		cs.Delete[i] = p
+	}
 	return nil
+}
+
+// mapErr turns workspace server failures into contract errors: a missing
+// file is 404 file_not_found, a refused path 400 invalid_path, anything else
+// (including no answer at all) 502 workspace_error.
+func mapErr(err error) error {
+	var we *wsclient.Error
+	if errors.As(err, &we) {
+		switch we.Code {
+		case wsclient.CodeFileNotFound:
+			return contract.Errorf("file_not_found", "%s", we.Message)
+		case wsclient.CodeInvalidPath:
+			return contract.Errorf("invalid_path", "%s", we.Message)
+		}
+		return contract.Errorf("workspace_error", "%v", err)
+	}
+	var ce *contract.Error
+	if errors.As(err, &ce) {
+		return ce
+	}
+	return contract.Errorf("workspace_error", "workspace does not answer: %v", err)
 }

@@ -257,7 +257,9 @@ func (s *Server) writeLoop(ctx context.Context, conn *websocket.Conn, out <-chan
 					_, _ = w.Write(hdr[:])
 					_, _ = w.Write(f.data)
 					err = w.Close()
-					s.m.ioBytesOut.Add(float64(len(f.data) - 1))
+					if len(f.data) > 1 {
+						s.m.ioBytesOut.Add(float64(len(f.data) - 1))
+					}
 				}
 			}
 			sent.Add(-1)

@@ -3,6 +3,7 @@ package server
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"strconv"
 	"strings"
@@ -34,6 +35,9 @@ func parseObject(data []byte, path string) (obj, error) {
 	d.UseNumber()
 	if err := d.Decode(&v); err != nil {
 		return obj{}, schemaErrf("body is not valid JSON: %v", err)
+	}
+	if _, err := d.Token(); err != io.EOF {
+		return obj{}, schemaErrf("body is not valid JSON: data after the top-level value")
 	}
 	return asObject(v, path)
 }

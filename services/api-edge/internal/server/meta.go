@@ -89,11 +89,15 @@ func (s *Server) probe(c *gin.Context) {
 	if !ok {
 		return
 	}
+	// Only config.image and config.pullPolicy are in the probe schema;
+	// everything else is dropped unread (4.3), whatever its type.
 	body, err := parseObject(data, "body")
 	if err == nil {
 		var cfgObj obj
 		if cfgObj, _, err = body.object("config", true); err == nil {
-			_, err = parseConfig(cfgObj)
+			if _, _, err = cfgObj.str("image", true, 1); err == nil {
+				_, _, err = cfgObj.enum("pullPolicy", true, "missing", "always", "never")
+			}
 		}
 	}
 	if err != nil {

@@ -70,6 +70,10 @@ func New(ctx context.Context, o Options) *Server {
 	v1.DELETE("/sessions/:id", s.deleteSession)
 	v1.GET("/sessions/:id/events", s.events)
 	v1.GET("/sessions/:id/io", s.io)
+	v1.GET("/sessions/:id/workspace", s.getWorkspace)
+	v1.POST("/sessions/:id/workspace", s.postWorkspace)
+	v1.GET("/sessions/:id/workspace/file", s.getWorkspaceFile)
+	v1.POST("/sessions/:id/reload", s.reload)
 	s.engine = e
 	return s
 }

@@ -187,6 +187,8 @@ func (s *Server) admitAndStart(c *gin.Context, mode string, apps []session.App, 
 	if mode == contract.ModeWatch {
 		lim.MaxWatchSessions = s.cfg.Watch.MaxSessions
 	}
+	// Admission reserves the slot first; a slot whose record never appears
+	// (a crash right here) is reclaimed after a grace period.
 	if err := s.store.Admit(ctx, id, mode, lim); err != nil {
 		s.fail(c, err)
 		return

@@ -27,6 +27,19 @@ type Spec struct {
 	// entrypoint, no bundle.
 	SelfContained bool
 	Apps          []App
+	// Agent is the co-resident agent of a watch session (nil when none).
+	// It gets the operator env only; apps never see it.
+	Agent *Agent
+}
+
+// Agent is a resolved operator catalog entry run beside a watch session's
+// apps, sharing the workspace.
+type Agent struct {
+	Name       string
+	Image      string
+	Env        map[string]string
+	PullPolicy string
+	Port       int
 }
 
 // App is one application of the session.
@@ -55,6 +68,9 @@ type Sink interface {
 	RunEnded(app string, code *int, reason string)
 	// Reachability reports a declared tcp port's state.
 	Reachability(app string, port int, state string)
+	// WorkspaceReady reports the base URL of a watch session's workspace
+	// server once it answers (before seeding and before Running).
+	WorkspaceReady(url string)
 }
 
 // Exit is how a workload ended.
@@ -81,6 +97,14 @@ type Workload interface {
 	Done() <-chan struct{}
 	// Exit reports how it ended; valid after Done is closed.
 	Exit() Exit
+}
+
+// WatchWorkload is the extra surface of a watch session's workload.
+type WatchWorkload interface {
+	Workload
+	// WatchPorts starts reachability watchers for tcp ports an app newly
+	// declared after a reload (11.7: not re-armed per reload).
+	WatchPorts(app string, ports []contract.PortMapping)
 }
 
 // Backend starts workloads.

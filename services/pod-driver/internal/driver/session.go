@@ -158,6 +158,9 @@ func (o *owned) start() *contract.Status {
 	for _, a := range o.rec.Apps {
 		spec.Apps = append(spec.Apps, backend.App{Name: a.Name, Entry: a.Entry, Ports: a.Ports, IO: a.IO})
 	}
+	if a := o.rec.Launch.AgentSpec; a != nil && o.rec.Mode == contract.ModeWatch {
+		spec.Agent = &backend.Agent{Name: a.Name, Image: a.Image, Env: a.Env, PullPolicy: a.PullPolicy, Port: a.Port}
+	}
 	o.d.m.started.Inc()
 	app := ""
 	if o.rec.Mode == contract.ModeRun {

@@ -20,7 +20,11 @@ func (o *owned) Running(endpoints []contract.Endpoint) {
 	if endpoints == nil {
 		endpoints = []contract.Endpoint{}
 	}
-	_, err := o.store.SetStatus(context.Background(), o.id, contract.Status{Kind: contract.StatusRunning, Endpoints: endpoints}, nil)
+	st := contract.Status{Kind: contract.StatusRunning, Endpoints: endpoints}
+	if a := o.rec.Launch.AgentSpec; a != nil && o.rec.Mode == contract.ModeWatch {
+		st.Agent = &contract.Endpoint{Host: "", Port: a.Port, Protocol: "tcp"}
+	}
+	_, err := o.store.SetStatus(context.Background(), o.id, st, nil)
 	if err != nil && !errors.Is(err, session.ErrTerminal) {
 		o.log.Error("set running", "err", err)
 	}
@@ -33,12 +37,20 @@ func (o *owned) Output(app string, tag byte, p []byte) {
 }
 
 func (o *owned) Debug(app string, frame json.RawMessage) {
-	isEvent, err := o.proj.Feed(app, frame)
-	if err != nil {
+	var f struct {
+		Kind    string          `json:"kind"`
+		Event   string          `json:"event"`
+		Payload json.RawMessage `json:"payload"`
+	}
+	if json.Unmarshal(frame, &f) != nil || f.Kind == "log" || f.Kind == "record" {
+		return // only event frames are relayed and projected (10.3)
+	}
+	o.enqueue(contract.Event{Type: contract.EventDebug, App: app, Frame: append(json.RawMessage(nil), frame...)})
+	if _, err := o.proj.Feed(app, frame); err != nil {
 		o.log.Warn("project run", "app", app, "err", err)
 	}
-	if isEvent {
-		o.enqueue(contract.Event{Type: contract.EventDebug, App: app, Frame: append(json.RawMessage(nil), frame...)})
+	if f.Event == "Kernel.PortsResolved" {
+		o.portsResolved(app, f.Payload)
 	}
 }
 
@@ -48,4 +60,13 @@ func (o *owned) RunEnded(app string, code *int, reason string) {
 
 func (o *owned) Reachability(app string, port int, state string) {
 	o.enqueue(contract.Event{Type: contract.EventReachability, App: app, Port: port, State: state})
+}
+
+func (o *owned) WorkspaceReady(url string) {
+	if _, err := o.store.Update(context.Background(), o.id, func(r *session.Record) error {
+		r.Workspace = url
+		return nil
+	}); err != nil {
+		o.log.Error("record workspace address", "err", err)
+	}
 }

@@ -1,0 +1,310 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/nats-io/nats.go"
+
+	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/pkg/session"
+)
+
+// wsTimeout bounds one workspace operation (9.4: 30 s per request).
+var wsTimeout = 35 * time.Second
+
+// watchSession loads a session for a watch-only route: 404 not_found,
+// 409 not_a_watch_session.
+func (s *Server) watchSession(c *gin.Context) (session.Record, bool) {
+	id := c.Param("id")
+	rec, _, err := s.store.Get(c.Request.Context(), id)
+	if errors.Is(err, session.ErrNotFound) {
+		s.fail(c, notFound(id))
+		return rec, false
+	}
+	if err != nil {
+		s.fail(c, err)
+		return rec, false
+	}
+	if rec.Mode != contract.ModeWatch {
+		s.fail(c, contract.Errorf("not_a_watch_session", "session '%s' is not a watch session", id))
+		return rec, false
+	}
+	return rec, true
+}
+
+func live(rec session.Record) bool {
+	return rec.Status.Kind == contract.StatusRunning && rec.Workspace != ""
+}
+
+func notRunning(rec session.Record) *contract.Error {
+	return contract.Errorf("not_running", "session '%s' has no live workload (%s)", rec.ID, rec.Status.Kind)
+}
+
+// chargeReload admits one request against the session's reload budget
+// (13.5): a sliding 60 s window of admitted requests, shared by every edge
+// through a CAS on the record. Rejected requests are not recorded.
+func (s *Server) chargeReload(c *gin.Context, id string) bool {
+	limit := s.cfg.Watch.ReloadLimitPerMinute
+	var retry time.Duration
+	_, err := s.store.Update(c.Request.Context(), id, func(r *session.Record) error {
+		now := time.Now()
+		kept := r.Reloads[:0:0]
+		for _, t := range r.Reloads {
+			if now.Sub(t) < time.Minute {
+				kept = append(kept, t)
+			}
+		}
+		if len(kept) >= limit {
+			retry = time.Minute - now.Sub(kept[0])
+			return contract.Errorf("reload_rate_limited", "session '%s' reached its reload budget of %d per minute", id, limit)
+		}
+		r.Reloads = append(kept, now)
+		return nil
+	})
+	if err != nil {
+		var ce *contract.Error
+		if errors.As(err, &ce) && ce.Code == "reload_rate_limited" {
+			c.Header("Retry-After", strconv.Itoa(int(retry.Seconds())+1))
+		}
+		s.fail(c, err)
+		return false
+	}
+	return true
+}
+
+// wsCall sends a workspace operation to runner-ws and decodes its result.
+func (s *Server) wsCall(ctx context.Context, id, op string, req, result any) error {
+	var data []byte
+	if req != nil {
+		var err error
+		if data, err = json.Marshal(req); err != nil {
+			return err
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, wsTimeout)
+	defer cancel()
+	reply, err := s.nc.RequestWithContext(ctx, bus.WSSubject(id, op), data)
+	if err != nil {
+		if errors.Is(err, nats.ErrNoResponders) {
+			return contract.Errorf("workspace_error", "no workspace-proxy is running")
+		}
+		return contract.Errorf("workspace_error", "workspace %s: %v", op, err)
+	}
+	var ans struct {
+		Error   string          `json:"error"`
+		Message string          `json:"message"`
+		Result  json.RawMessage `json:"result"`
+	}
+	if err := json.Unmarshal(reply.Data, &ans); err != nil {
+		return contract.Errorf("workspace_error", "workspace %s: undecodable reply", op)
+	}
+	if ans.Error != "" {
+		return &contract.Error{Code: ans.Error, Message: ans.Message}
+	}
+	if result != nil {
+		if err := json.Unmarshal(ans.Result, result); err != nil {
+			return contract.Errorf("workspace_error", "workspace %s: undecodable result", op)
+		}
+	}
+	return nil
+}
+
+// getWorkspace is GET /v1/sessions/:id/workspace (4.8).
+func (s *Server) getWorkspace(c *gin.Context) {
+	rec, ok := s.watchSession(c)
+	if !ok {
+		return
+	}
+	if !live(rec) {
+		s.fail(c, notRunning(rec))
+		return
+	}
+	var tree contract.Tree
+	if err := s.wsCall(c.Request.Context(), rec.ID, bus.WSTree, nil, &tree); err != nil {
+		s.fail(c, err)
+		return
+	}
+	if tree.Files == nil {
+		tree.Files = []contract.TreeFile{}
+	}
+	c.JSON(http.StatusOK, tree)
+}
+
+// postWorkspace is POST /v1/sessions/:id/workspace (4.9): the normalized
+// paths, never the raw ones, reach the workspace (19.17).
+func (s *Server) postWorkspace(c *gin.Context) {
+	data, ok := s.readBody(c)
+	if !ok {
+		return
+	}
+	cs, err := parseChangeSet(data)
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	rec, ok := s.watchSession(c)
+	if !ok {
+		return
+	}
+	if !s.chargeReload(c, rec.ID) {
+		return
+	}
+	if !live(rec) {
+		s.fail(c, notRunning(rec))
+		return
+	}
+	for i, w := range cs.Write {
+		p, err := contract.NormalizePath(w.Path)
+		if err != nil {
+			s.fail(c, contract.Errorf("invalid_path", "%v", err))
+			return
+		}
+		cs.Write[i].Path = p
+	}
+	for i, d := range cs.Delete {
+		p, err := contract.NormalizePath(d)
+		if err != nil {
+			s.fail(c, contract.Errorf("invalid_path", "%v", err))
+			return
+		}
+		cs.Delete[i] = p
+	}
+	if err := s.wsCall(c.Request.Context(), rec.ID, bus.WSApply, cs, nil); err != nil {
+		s.fail(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, contract.ApplyResult{Written: len(cs.Write), Deleted: len(cs.Delete)})
+}
+
+func parseChangeSet(data []byte) (contract.ChangeSet, error) {
+	var cs contract.ChangeSet
+	body, err := parseObject(data, "body")
+	if err != nil {
+		return cs, err
+	}
+	writes, _, err := body.array("write", false)
+	if err != nil {
+		return cs, err
+	}
+	for i, w := range writes {
+		o, err := asObject(w, fmt.Sprintf("body/write/%d", i))
+		if err != nil {
+			return cs, err
+		}
+		var op contract.WriteOp
+		if op.Path, _, err = o.str("path", true, 1); err != nil {
+			return cs, err
+		}
+		if op.Content, _, err = o.str("content", true, 0); err != nil {
+			return cs, err
+		}
+		if op.Encoding, _, err = o.enum("encoding", false, "utf8", "base64"); err != nil {
+			return cs, err
+		}
+		cs.Write = append(cs.Write, op)
+	}
+	deletes, _, err := body.array("delete", false)
+	if err != nil {
+		return cs, err
+	}
+	for i, d := range deletes {
+		p, ok := d.(string)
+		if !ok || p == "" {
+			return cs, schemaErrf("body/delete/%d must be a non-empty string", i)
+		}
+		cs.Delete = append(cs.Delete, p)
+	}
+	return cs, nil
+}
+
+// getWorkspaceFile is GET /v1/sessions/:id/workspace/file (4.10).
+func (s *Server) getWorkspaceFile(c *gin.Context) {
+	rec, ok := s.watchSession(c)
+	if !ok {
+		return
+	}
+	if !live(rec) {
+		s.fail(c, notRunning(rec))
+		return
+	}
+	raw := strings.TrimSpace(c.Query("path"))
+	if raw == "" {
+		s.fail(c, contract.Errorf("invalid_path", "?path= is required"))
+		return
+	}
+	p, err := contract.NormalizePath(raw)
+	if err != nil {
+		s.fail(c, contract.Errorf("invalid_path", "%v", err))
+		return
+	}
+	enc := c.Query("encoding")
+	if enc != "" && enc != "utf8" && enc != "base64" {
+		s.fail(c, contract.Errorf("invalid_request", "encoding must be utf8 or base64"))
+		return
+	}
+	var f contract.File
+	if err := s.wsCall(c.Request.Context(), rec.ID, bus.WSRead, contract.WSRead{Path: p, Encoding: enc}, &f); err != nil {
+		s.fail(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, f)
+}
+
+// reload is POST /v1/sessions/:id/reload[?app=] (4.11): the targets'
+// next generations are marked manual, then their entry manifests touched.
+func (s *Server) reload(c *gin.Context) {
+	rec, ok := s.watchSession(c)
+	if !ok {
+		return
+	}
+	if !live(rec) {
+		s.fail(c, notRunning(rec))
+		return
+	}
+	if !s.chargeReload(c, rec.ID) {
+		return
+	}
+	var targets []session.App
+	if name := strings.TrimSpace(c.Query("app")); name != "" {
+		a, ok := rec.App(name)
+		if !ok {
+			s.fail(c, contract.Errorf("unknown_app", "session runs no app named '%s'", name))
+			return
+		}
+		targets = []session.App{*a}
+	} else {
+		targets = rec.Apps
+	}
+	names := make([]string, 0, len(targets))
+	paths := make([]string, 0, len(targets))
+	for _, a := range targets {
+		names = append(names, a.Name)
+		paths = append(paths, a.Entry)
+	}
+	ctx := c.Request.Context()
+	if _, err := s.store.Update(ctx, rec.ID, func(r *session.Record) error {
+		for _, n := range names {
+			if a, ok := r.App(n); ok {
+				a.Trigger = contract.TriggerManual
+			}
+		}
+		return nil
+	}); err != nil {
+		s.fail(c, err)
+		return
+	}
+	if err := s.wsCall(ctx, rec.ID, bus.WSTouch, contract.WSTouch{Paths: paths}, nil); err != nil {
+		s.fail(c, err)
+		return
+	}
+	c.JSON(http.StatusAccepted, gin.H{"reloaded": names})
+}

@@ -1,0 +1,162 @@
+package driver
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/pkg/session"
+	"github.com/telorunner/telorunner/services/pod-driver/internal/backend"
+)
+
+// parsePortsResolved reads a Kernel.PortsResolved payload tolerantly
+// (10.7): a non-array `ports` is no frame (ok false); entries whose port is
+// not an integer in 1–65535 are skipped; protocol is udp only when exactly
+// "udp".
+func parsePortsResolved(payload json.RawMessage) ([]contract.PortMapping, bool) {
+	var pl struct {
+		Ports json.RawMessage `json:"ports"`
+	}
+	if json.Unmarshal(payload, &pl) != nil {
+		return nil, false
+	}
+	var items []map[string]any
+	if json.Unmarshal(pl.Ports, &items) != nil {
+		return nil, false
+	}
+	out := make([]contract.PortMapping, 0, len(items))
+	seen := map[string]bool{}
+	for _, it := range items {
+		n, ok := it["port"].(float64)
+		if !ok || n != float64(int(n)) || n < 1 || n > 65535 {
+			continue
+		}
+		p := contract.PortMapping{Port: int(n), Protocol: "tcp"}
+		if s, _ := it["protocol"].(string); s == "udp" {
+			p.Protocol = "udp"
+		}
+		if !seen[p.Key()] {
+			seen[p.Key()] = true
+			out = append(out, p)
+		}
+	}
+	return out, true
+}
+
+// portChange is the outcome of an app declaring a new port set (11.8).
+type portChange struct {
+	ports    []contract.PortMapping // the app's new recorded set
+	added    []contract.PortMapping
+	removed  []contract.PortMapping
+	rejected []contract.Rejected
+}
+
+func (c portChange) empty() bool {
+	return len(c.added) == 0 && len(c.removed) == 0 && len(c.rejected) == 0
+}
+
+// diffPorts compares an app's declared set with its recorded one. A port
+// another app already declares, or the co-resident agent's port, is
+// rejected for this app.
+func diffPorts(rec *session.Record, app string, declared []contract.PortMapping) (portChange, bool) {
+	a, ok := rec.App(app)
+	if !ok {
+		return portChange{}, false
+	}
+	claimed := map[string]string{}
+	for _, other := range rec.Apps {
+		if other.Name == app {
+			continue
+		}
+		for _, p := range other.Ports {
+			claimed[p.Key()] = other.Name
+		}
+	}
+	agentKey := ""
+	if rec.Launch.AgentSpec != nil {
+		agentKey = contract.PortMapping{Port: rec.Launch.AgentSpec.Port, Protocol: "tcp"}.Key()
+	}
+	var c portChange
+	want := map[string]bool{}
+	for _, p := range declared {
+		switch {
+		case claimed[p.Key()] != "":
+			c.rejected = append(c.rejected, contract.Rejected{Port: p.Port, Reason: fmt.Sprintf("another app in this session already declares %s port %d", p.Protocol, p.Port)})
+		case p.Key() == agentKey:
+			c.rejected = append(c.rejected, contract.Rejected{Port: p.Port, Reason: fmt.Sprintf("the co-resident agent uses tcp port %d", p.Port)})
+		default:
+			want[p.Key()] = true
+		}
+	}
+	have := map[string]bool{}
+	for _, p := range a.Ports {
+		have[p.Key()] = true
+		if want[p.Key()] {
+			c.ports = append(c.ports, p)
+		} else {
+			c.removed = append(c.removed, p)
+		}
+	}
+	for _, p := range declared {
+		if want[p.Key()] && !have[p.Key()] {
+			c.added = append(c.added, p)
+			c.ports = append(c.ports, p)
+			have[p.Key()] = true
+		}
+	}
+	if c.ports == nil {
+		c.ports = []contract.PortMapping{}
+	}
+	return c, true
+}
+
+func endpointsOf(ports []contract.PortMapping) []contract.Endpoint {
+	out := make([]contract.Endpoint, 0, len(ports))
+	for _, p := range ports {
+		out = append(out, contract.Endpoint{Host: "", Port: p.Port, Protocol: p.Protocol})
+	}
+	return out
+}
+
+// portsResolved applies a Kernel.PortsResolved frame of app: the recorded
+// port set is updated (CAS), an `endpoints` event says what changed, and
+// reachability is watched for added tcp ports.
+func (o *owned) portsResolved(app string, payload json.RawMessage) {
+	declared, ok := parsePortsResolved(payload)
+	if !ok || o.rec.Mode != contract.ModeWatch {
+		return
+	}
+	var change portChange
+	_, err := o.store.Update(context.Background(), o.id, func(r *session.Record) error {
+		c, ok := diffPorts(r, app, declared)
+		if !ok {
+			return fmt.Errorf("no app %s", app)
+		}
+		change = c
+		a, _ := r.App(app)
+		a.Ports = c.ports
+		return nil
+	})
+	if err != nil {
+		o.log.Warn("record declared ports", "app", app, "err", err)
+		return
+	}
+	if change.empty() {
+		return
+	}
+	ev := contract.Event{Type: contract.EventEndpoints, App: app, Rejected: change.rejected}
+	if len(change.added) > 0 {
+		ev.Added = endpointsOf(change.added)
+	}
+	if len(change.removed) > 0 {
+		ev.Removed = endpointsOf(change.removed)
+	}
+	o.enqueue(ev)
+	o.mu.Lock()
+	w := o.w
+	o.mu.Unlock()
+	if ww, ok := w.(backend.WatchWorkload); ok && len(change.added) > 0 {
+		ww.WatchPorts(app, change.added)
+	}
+}
