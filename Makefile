@@ -19,7 +19,7 @@ build: ## build every binary into ./bin
 	cd services/api-edge && $(GO) build -o $(BIN)/api-edge ./cmd/api-edge
 	cd services/pod-driver && $(GO) build -o $(BIN)/pod-driver ./cmd/pod-driver && $(GO) build -o $(BIN)/devkernel ./cmd/devkernel
 	cd services/supervisor && $(GO) build -o $(BIN)/supervisor ./cmd/supervisor
-	cd services/workspace-proxy && $(GO) build -o $(BIN)/workspace-proxy ./cmd/workspace-proxy
+	cd services/workspace-proxy && $(GO) build -o $(BIN)/workspace-proxy ./cmd/workspace-proxy && $(GO) build -o $(BIN)/workspace-server ./cmd/workspace-server
 
 run: build ## start the all-in-one (embedded NATS, local backend) on $PORT
 	PORT=$(PORT) $(BIN)/telorunner

@@ -1,0 +1,266 @@
+// Package wsclient is the runner-side client of the in-pod workspace
+// server (contract 9.2, 9.4): typed calls with a 30 s per-request timeout,
+// and every non-2xx answer returned as an *Error carrying the server's
+// error code.
+package wsclient
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Timeout bounds each request, body included (contract 9.4).
+const Timeout = 30 * time.Second
+
+// Content encodings of WriteOp.Encoding and Read.
+const (
+	EncodingUTF8   = "utf8"
+	EncodingBase64 = "base64"
+)
+
+// Error codes the workspace server answers with.
+const (
+	CodeInvalidPath    = "invalid_path"
+	CodeInvalidRequest = "invalid_request"
+	CodeFileNotFound   = "file_not_found"
+)
+
+// maxErrorBody is how much of a failure body an Error keeps, in characters.
+const maxErrorBody = 500
+
+// Tree is the content-hash listing of the workspace (contract 3.10).
+type Tree struct {
+	Files []TreeFile `json:"files"`
+}
+
+// TreeFile is one regular file: relative "/"-separated path and lowercase
+// hex SHA-256 of its bytes.
+type TreeFile struct {
+	Path string `json:"path"`
+	Hash string `json:"hash"`
+}
+
+// ChangeSet is a batch of writes then deletes (contract 3.10, 4.9).
+type ChangeSet struct {
+	Write  []WriteOp `json:"write,omitempty"`
+	Delete []string  `json:"delete,omitempty"`
+}
+
+// WriteOp writes Content to Path; Encoding is EncodingUTF8 (or empty) or
+// EncodingBase64.
+type WriteOp struct {
+	Path     string `json:"path"`
+	Content  string `json:"content"`
+	Encoding string `json:"encoding,omitempty"`
+}
+
+// ApplyResult counts the operations of an applied ChangeSet.
+type ApplyResult struct {
+	Written int `json:"written"`
+	Deleted int `json:"deleted"`
+}
+
+// File is one file's content (in the encoding asked for) and byte size.
+type File struct {
+	Content string `json:"content"`
+	Size    int64  `json:"size"`
+}
+
+// SnapshotFile is one file of a snapshot; Content is always base64
+// (contract 3.10 CheckpointFile).
+type SnapshotFile struct {
+	Path     string `json:"path"`
+	Hash     string `json:"hash"`
+	Content  string `json:"content"`
+	Encoding string `json:"encoding"`
+}
+
+// Error is a non-2xx answer from the workspace server.
+type Error struct {
+	Method string
+	Path   string // Request path and query.
+	Status int
+	// Code is the body's "error" field ("file_not_found", ...), or "" when
+	// the body is not a JSON error.
+	Code    string
+	Message string // The body's "message" field.
+	Body    string // Up to 500 characters of the raw body.
+}
+
+func (e *Error) Error() string {
+	if e.Code != "" {
+		return fmt.Sprintf("workspace %s %s: status %d: %s: %s", e.Method, e.Path, e.Status, e.Code, e.Message)
+	}
+	return fmt.Sprintf("workspace %s %s: status %d: %s", e.Method, e.Path, e.Status, e.Body)
+}
+
+// IsNotFound reports whether err is the server's file_not_found answer.
+func IsNotFound(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == CodeFileNotFound
+}
+
+// Client calls one workspace server. It is safe for concurrent use.
+type Client struct {
+	base    string
+	hc      *http.Client
+	timeout time.Duration
+}
+
+// New returns a client for baseURL (e.g. "http://10.0.0.7:8099"). A nil
+// httpClient means http.DefaultClient.
+func New(baseURL string, httpClient *http.Client) *Client {
+	if httpClient == nil {
+		httpClient = http.DefaultClient
+	}
+	return &Client{base: strings.TrimRight(baseURL, "/"), hc: httpClient, timeout: Timeout}
+}
+
+// Health returns nil when GET /healthz answers 2xx.
+func (c *Client) Health(ctx context.Context) error {
+	_, err := c.do(ctx, http.MethodGet, "/healthz", nil, nil)
+	return err
+}
+
+// Tree lists every regular file of the workspace with its hash.
+func (c *Client) Tree(ctx context.Context) (Tree, error) {
+	var t Tree
+	err := c.doJSON(ctx, http.MethodGet, "/workspace", nil, nil, &t)
+	return t, err
+}
+
+// Apply writes then deletes; the counts are the list lengths. A failure
+// part-way leaves earlier operations applied.
+func (c *Client) Apply(ctx context.Context, cs ChangeSet) (ApplyResult, error) {
+	var r ApplyResult
+	err := c.doJSON(ctx, http.MethodPost, "/workspace", nil, cs, &r)
+	return r, err
+}
+
+// Read returns one file; encoding is "" (utf8), EncodingUTF8 or
+// EncodingBase64.
+func (c *Client) Read(ctx context.Context, path, encoding string) (File, error) {
+	q := url.Values{"path": {path}}
+	if encoding != "" {
+		q.Set("encoding", encoding)
+	}
+	var f File
+	err := c.doJSON(ctx, http.MethodGet, "/workspace/file", q, nil, &f)
+	return f, err
+}
+
+// Snapshot returns every listed file with its bytes in base64.
+func (c *Client) Snapshot(ctx context.Context) ([]SnapshotFile, error) {
+	var s struct {
+		Files []SnapshotFile `json:"files"`
+	}
+	err := c.doJSON(ctx, http.MethodGet, "/workspace/snapshot", nil, nil, &s)
+	return s.Files, err
+}
+
+// Blob returns the bytes of a workspace file whose SHA-256 is hash and
+// checks them against it.
+func (c *Client) Blob(ctx context.Context, hash string) ([]byte, error) {
+	p := "/workspace/blob/" + url.PathEscape(hash)
+	data, err := c.do(ctx, http.MethodGet, p, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	if sum := sha256.Sum256(data); !strings.EqualFold(hex.EncodeToString(sum[:]), hash) {
+		return nil, fmt.Errorf("workspace GET %s: content does not match its hash", p)
+	}
+	return data, nil
+}
+
+// Touch rewrites each file with its own bytes so file watchers fire, and
+// returns how many were touched.
+func (c *Client) Touch(ctx context.Context, paths []string) (int, error) {
+	var r struct {
+		Touched int `json:"touched"`
+	}
+	err := c.doJSON(ctx, http.MethodPost, "/workspace/touch", nil, map[string][]string{"paths": paths}, &r)
+	return r.Touched, err
+}
+
+func (c *Client) doJSON(ctx context.Context, method, p string, q url.Values, in, out any) error {
+	data, err := c.do(ctx, method, p, q, in)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("workspace %s %s: decode answer: %w", method, p, err)
+	}
+	return nil
+}
+
+// do sends one request (in as JSON when non-nil) and returns the body of
+// a 2xx answer, or an *Error.
+func (c *Client) do(ctx context.Context, method, p string, q url.Values, in any) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	target := p
+	if len(q) > 0 {
+		target += "?" + q.Encode()
+	}
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return nil, fmt.Errorf("workspace %s %s: encode request: %w", method, p, err)
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+target, body)
+	if err != nil {
+		return nil, fmt.Errorf("workspace %s %s: %w", method, p, err)
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("workspace %s %s: %w", method, p, err)
+	}
+	defer func() { _ = resp.Body.Close() }() // Fully read or abandoned.
+	if resp.StatusCode/100 != 2 {
+		return nil, newError(method, target, resp)
+	}
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("workspace %s %s: read answer: %w", method, p, err)
+	}
+	return data, nil
+}
+
+// newError reads a failure body (bounded) into an *Error.
+func newError(method, target string, resp *http.Response) *Error {
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10)) // The status alone still says enough.
+	e := &Error{Method: method, Path: target, Status: resp.StatusCode, Body: truncate(string(raw), maxErrorBody)}
+	var env struct {
+		Error   string `json:"error"`
+		Message string `json:"message"`
+	}
+	if json.Unmarshal(raw, &env) == nil {
+		e.Code, e.Message = env.Error, env.Message
+	}
+	return e
+}
+
+// truncate keeps at most n characters of s.
+func truncate(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	return string([]rune(s)[:n])
+}
