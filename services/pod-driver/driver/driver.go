@@ -32,6 +32,10 @@ type Config struct {
 	// (`telo`) in production, devkernel where the CLI is absent. Default:
 	// a devkernel binary next to this executable, else `telo`.
 	KernelCommand []string
+	// WorkspaceServerCommand is RUNNER_WORKSPACE_SERVER_COMMAND: the
+	// workspace-server of local watch sessions. Default: a workspace-server
+	// binary next to this executable.
+	WorkspaceServerCommand []string
 	// WorkDir is RUNNER_WORK_DIR: local session directories.
 	WorkDir string
 	// ReplayBufferBytes is RUNNER_REPLAY_BUFFER_BYTES.
@@ -51,6 +55,9 @@ func LoadConfig(lookup func(string) (string, bool)) (Config, error) {
 	}
 	if v := get("RUNNER_KERNEL_COMMAND"); v != "" {
 		c.KernelCommand = strings.Fields(v)
+	}
+	if v := get("RUNNER_WORKSPACE_SERVER_COMMAND"); v != "" {
+		c.WorkspaceServerCommand = strings.Fields(v)
 	}
 	c.WorkDir = get("RUNNER_WORK_DIR")
 	if c.WorkDir == "" {
@@ -81,7 +88,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("RUNNER_BACKEND: must be local or kubernetes, got %q", c.Backend)
 	}
 	if len(c.KernelCommand) == 0 {
-		c.KernelCommand = []string{defaultKernel()}
+		c.KernelCommand = []string{besideExecutable("devkernel", "telo")}
+	}
+	if len(c.WorkspaceServerCommand) == 0 {
+		c.WorkspaceServerCommand = []string{besideExecutable("workspace-server", "workspace-server")}
 	}
 	if c.ReplayBufferBytes <= 0 {
 		return fmt.Errorf("RUNNER_REPLAY_BUFFER_BYTES: must be a positive integer")
@@ -89,15 +99,16 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// defaultKernel is a devkernel beside this executable, else `telo`.
-func defaultKernel() string {
+// besideExecutable is the named binary next to this executable when it
+// exists, else fallback (looked up on PATH).
+func besideExecutable(name, fallback string) string {
 	if exe, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(exe), "devkernel")
+		p := filepath.Join(filepath.Dir(exe), name)
 		if st, err := os.Stat(p); err == nil && !st.IsDir() {
 			return p
 		}
 	}
-	return "telo"
+	return fallback
 }
 
 // Deps are the driver's connections.
@@ -142,7 +153,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	if err != nil {
 		return fmt.Errorf("RUNNER_WORK_DIR: %w", err)
 	}
-	be, err := local.New(local.Options{KernelCommand: cfg.KernelCommand, WorkRoot: workDir, Logger: log})
+	be, err := local.New(local.Options{KernelCommand: cfg.KernelCommand, WorkspaceServerCommand: cfg.WorkspaceServerCommand, WorkRoot: workDir, Logger: log})
 	if err != nil {
 		return fmt.Errorf("local backend: %w", err)
 	}

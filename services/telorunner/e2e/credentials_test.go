@@ -43,7 +43,7 @@ func TestWatchCredentialBoundary(t *testing.T) {
 		deadline := time.Now().Add(20 * time.Second)
 		for {
 			resp = do(t, "GET", r.URL+"/v1/sessions/"+c.SessionID+"/workspace/file?path="+path, nil, nil)
-			if resp.Status == 200 || time.Now().After(deadline) {
+			if (resp.Status == 200 && strings.Contains(string(resp.Body), "=")) || time.Now().After(deadline) {
 				break
 			}
 		}

@@ -151,25 +151,28 @@ func TestWatchSessionTwoApps(t *testing.T) {
 	if doc["status"].(map[string]any)["kind"] != "running" {
 		t.Fatalf("session after failed run = %v", doc["status"])
 	}
-	writeFiles(t, r, c.SessionID, map[string]string{"web/telo.yaml": manifest("web", []int{webPort, newPort, workerPort}, nil)})
-	evs = sse.until(t, 30*time.Second, isRun("web", "started", failedGen+1))
-
-	// The new port is added (and answers); worker's port comes back rejected.
-	evs = sse.until(t, 30*time.Second, func(e sseEvent) bool { return e.Event == "endpoints" && strings.Contains(e.Data, `"app":"web"`) })
+	writeFiles(t, r, c.SessionID, map[string]string{"web/telo.yaml": manifest("web", []int{webPort, newPort}, nil)})
+	isEndpoints := func(e sseEvent) bool { return e.Event == "endpoints" && strings.Contains(e.Data, `"app":"web"`) }
+	sse.until(t, 30*time.Second, isRun("web", "started", failedGen+1))
+	evs = sse.until(t, 30*time.Second, isEndpoints)
 	ep := decode(t, evs[len(evs)-1].Data)
-	added, _ := ep["added"].([]any)
-	rejected, _ := ep["rejected"].([]any)
-	if len(added) != 1 || added[0].(map[string]any)["port"].(float64) != float64(newPort) {
-		t.Fatalf("endpoints added = %v, want port %d", ep["added"], newPort)
-	}
-	if len(rejected) != 1 || rejected[0].(map[string]any)["port"].(float64) != float64(workerPort) || !strings.Contains(rejected[0].(map[string]any)["reason"].(string), "another app") {
-		t.Fatalf("endpoints rejected = %v, want worker's port %d", ep["rejected"], workerPort)
+	if added, _ := ep["added"].([]any); len(added) != 1 || added[0].(map[string]any)["port"].(float64) != float64(newPort) || ep["rejected"] != nil || ep["removed"] != nil {
+		t.Fatalf("endpoints = %v, want exactly port %d added", ep, newPort)
 	}
 	sse.until(t, 30*time.Second, func(e sseEvent) bool {
 		return e.Event == "reachability" && strings.Contains(e.Data, fmt.Sprintf(`"port":%d,"state":"reachable"`, newPort))
 	})
 	if resp := do(t, "GET", fmt.Sprintf("http://127.0.0.1:%d/", newPort), nil, nil); !strings.Contains(string(resp.Body), "devkernel web") {
 		t.Fatalf("new port answered %q", resp.Body)
+	}
+	// The other app's port is rejected for web (and web's kernel, which
+	// still tries to bind it, fails that generation: the port is taken).
+	writeFiles(t, r, c.SessionID, map[string]string{"web/telo.yaml": manifest("web", []int{webPort, newPort, workerPort}, nil)})
+	evs = sse.until(t, 30*time.Second, isEndpoints)
+	ep = decode(t, evs[len(evs)-1].Data)
+	rejected, _ := ep["rejected"].([]any)
+	if len(rejected) != 1 || rejected[0].(map[string]any)["port"].(float64) != float64(workerPort) || !strings.Contains(rejected[0].(map[string]any)["reason"].(string), "another app") || ep["added"] != nil {
+		t.Fatalf("endpoints = %v, want worker's port %d rejected", ep, workerPort)
 	}
 	do(t, "GET", r.URL+"/v1/sessions/"+c.SessionID, nil, nil).json(t, &doc)
 	for _, a := range doc["apps"].([]any) {
@@ -236,14 +239,19 @@ func TestWatchIOModes(t *testing.T) {
 	if f := <-p.Frames; !strings.Contains(f.Text, `"io":"streams"`) || !strings.Contains(f.Text, `"app":"pipes"`) {
 		t.Fatalf("seq frame = %+v", f)
 	}
-	frames, _ := p.readUntil(t, 30*time.Second, "ready")
 	var out, errOut strings.Builder
-	for _, f := range frames {
-		switch f.Tag {
-		case 1:
-			out.Write(f.Payload)
-		case 2:
-			errOut.Write(f.Payload)
+	deadline := time.After(30 * time.Second)
+	for !strings.Contains(out.String(), "tty=false") || !strings.Contains(errOut.String(), "ready") {
+		select {
+		case f := <-p.Frames:
+			switch f.Tag {
+			case 1:
+				out.Write(f.Payload)
+			case 2:
+				errOut.Write(f.Payload)
+			}
+		case <-deadline:
+			t.Fatalf("streams output: stdout %q stderr %q", out.String(), errOut.String())
 		}
 	}
 	if !strings.Contains(out.String(), "devkernel streams-app generation 1 tty=false") || strings.Contains(out.String(), "\x1b[") {

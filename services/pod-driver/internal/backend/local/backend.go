@@ -21,40 +21,49 @@ import (
 // Backend runs session workloads as process groups on this machine. It
 // implements backend.Backend. Its methods are safe for concurrent use.
 type Backend struct {
-	opts   Options
-	kernel []string // KernelCommand with its first word resolved
-	root   string   // absolute WorkRoot
-	log    *slog.Logger
+	opts      Options
+	kernel    []string // KernelCommand with its first word resolved
+	workspace []string // WorkspaceServerCommand with its first word resolved; nil when unset
+	root      string   // absolute WorkRoot
+	log       *slog.Logger
 
 	transport *http.Transport // debug relays; no keep-alive
 	client    *http.Client
+	// wsHTTP talks to workspace servers (no keep-alive: nothing idles
+	// after a request).
+	wsHTTP *http.Client
 	// dialRelay dials the kernels' inspection servers. Tests replace it
 	// before the first Start to cut relay connections.
 	dialRelay func(ctx context.Context, network, addr string) (net.Conn, error)
+	// restart times watch-app restarts. Tests replace it before the
+	// first Start.
+	restart restartPolicy
 
 	wg sync.WaitGroup // every workload goroutine
 
 	mu     sync.Mutex
 	closed bool
-	live   map[string]*Workload // by session id, from Start until done
+	live   map[string]*lifecycle // by session id, from Start until done
 }
 
 var _ backend.Backend = (*Backend)(nil)
 
-// New validates opts, applies defaults, resolves the kernel command
-// through PATH and creates the work root.
+// New validates opts, applies defaults, resolves the kernel and
+// workspace-server commands through PATH and creates the work root.
 func New(opts Options) (*Backend, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	opts.applyDefaults()
-	kernel := slices.Clone(opts.KernelCommand)
-	path, err := exec.LookPath(kernel[0])
+	kernel, err := resolveCommand(opts.KernelCommand)
 	if err != nil {
 		return nil, fmt.Errorf("local backend: resolve kernel command: %w", err)
 	}
-	if kernel[0], err = filepath.Abs(path); err != nil {
-		return nil, fmt.Errorf("local backend: resolve kernel command: %w", err)
+	var workspace []string
+	if len(opts.WorkspaceServerCommand) > 0 {
+		if workspace, err = resolveCommand(opts.WorkspaceServerCommand); err != nil {
+			return nil, fmt.Errorf("local backend: resolve workspace server command: %w", err)
+		}
 	}
 	root, err := filepath.Abs(opts.WorkRoot)
 	if err != nil {
@@ -64,11 +73,13 @@ func New(opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("local backend: create work root: %w", err)
 	}
 	b := &Backend{
-		opts:   opts,
-		kernel: kernel,
-		root:   root,
-		log:    opts.Logger,
-		live:   make(map[string]*Workload),
+		opts:      opts,
+		kernel:    kernel,
+		workspace: workspace,
+		root:      root,
+		log:       opts.Logger,
+		live:      make(map[string]*lifecycle),
+		restart:   defaultRestart,
 	}
 	dialer := &net.Dialer{Timeout: 5 * time.Second}
 	b.dialRelay = dialer.DialContext
@@ -80,16 +91,47 @@ func New(opts Options) (*Backend, error) {
 		ResponseHeaderTimeout: 10 * time.Second,
 	}
 	b.client = &http.Client{Transport: b.transport}
+	b.wsHTTP = &http.Client{Transport: &http.Transport{
+		DisableKeepAlives:     true,
+		ResponseHeaderTimeout: wsRequestTimeout,
+	}}
 	return b, nil
 }
 
-// Start launches spec's workload: it creates the session directory,
-// writes the bundle, starts one process per app, calls sink.Running with
-// every declared port, then starts the reachability watchers and debug
-// relays and returns. Failures are *backend.StartError and leave nothing
-// behind. ctx bounds only the start; the workload lives until it exits,
-// Stop or Close.
+// resolveCommand returns argv with its first word resolved through PATH
+// and made absolute.
+func resolveCommand(argv []string) ([]string, error) {
+	argv = slices.Clone(argv)
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		return nil, err
+	}
+	if argv[0], err = filepath.Abs(path); err != nil {
+		return nil, err
+	}
+	return argv, nil
+}
+
+// Start launches spec's workload and returns once it is running.
+//
+// A run session: it creates the session directory, writes the bundle,
+// starts one process per app, calls sink.Running with every declared port,
+// then starts the reachability watchers and debug relays and returns a
+// *Workload.
+//
+// A watch session (spec.Mode "watch"): see startWatch; it returns a
+// *WatchWorkload, which implements backend.WatchWorkload.
+//
+// Failures are *backend.StartError and leave nothing behind. ctx bounds
+// only the start; the workload lives until it exits, Stop or Close.
 func (b *Backend) Start(ctx context.Context, spec backend.Spec, sink backend.Sink) (backend.Workload, error) {
+	if spec.Mode == contract.ModeWatch {
+		w, err := b.startWatch(ctx, spec, sink)
+		if err != nil {
+			return nil, err
+		}
+		return w, nil
+	}
 	w, err := b.start(ctx, spec, sink)
 	if err != nil {
 		return nil, err
@@ -113,7 +155,7 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, sink backend.Sin
 	}
 
 	w := newWorkload(b, spec.SessionID, sink)
-	if err := b.register(w); err != nil {
+	if err := b.register(&w.lifecycle); err != nil {
 		return nil, err
 	}
 	started := false
@@ -123,7 +165,7 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, sink backend.Sin
 		}
 	}()
 
-	if w.dir, err = createSessionDir(b.root, spec.SessionID); err != nil {
+	if w.dir, err = createSessionDir(b.root, spec.SessionID, appDirName); err != nil {
 		return nil, &backend.StartError{Stage: "create", Message: err.Error()}
 	}
 	if !spec.SelfContained {
@@ -191,9 +233,8 @@ func (b *Backend) startApp(ctx context.Context, spec backend.Spec, app backend.A
 	return p, nil
 }
 
-// sessionApps checks what this backend can run and returns the apps: run
-// sessions have exactly one (the default app when the spec lists none).
-// Watch sessions are not supported yet.
+// sessionApps checks a run session and returns its apps: exactly one (the
+// default app when the spec lists none).
 func sessionApps(spec backend.Spec) ([]backend.App, error) {
 	if !contract.ValidSessionID(spec.SessionID) {
 		return nil, &backend.StartError{Stage: "create", Message: fmt.Sprintf("invalid session id %q", spec.SessionID)}
@@ -218,7 +259,7 @@ func sessionApps(spec backend.Spec) ([]backend.App, error) {
 func (b *Backend) Close(ctx context.Context) error {
 	b.mu.Lock()
 	b.closed = true
-	ws := make([]*Workload, 0, len(b.live))
+	ws := make([]*lifecycle, 0, len(b.live))
 	for _, w := range b.live {
 		ws = append(ws, w)
 	}
@@ -240,7 +281,7 @@ func (b *Backend) Close(ctx context.Context) error {
 }
 
 // waitAll waits until every workload is done or ctx ends.
-func waitAll(ctx context.Context, ws []*Workload) error {
+func waitAll(ctx context.Context, ws []*lifecycle) error {
 	for _, w := range ws {
 		select {
 		case <-w.done:
@@ -254,7 +295,7 @@ func waitAll(ctx context.Context, ws []*Workload) error {
 // errClosed is the start failure after Close.
 var errClosed = errors.New("local backend is closed")
 
-func (b *Backend) register(w *Workload) error {
+func (b *Backend) register(w *lifecycle) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	switch {
@@ -267,7 +308,7 @@ func (b *Backend) register(w *Workload) error {
 	return nil
 }
 
-func (b *Backend) unregister(w *Workload) {
+func (b *Backend) unregister(w *lifecycle) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.live[w.id] == w {

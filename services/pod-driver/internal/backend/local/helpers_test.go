@@ -29,6 +29,13 @@ const waitTimeout = 20 * time.Second
 // devkernelPath is the devkernel binary built by TestMain.
 var devkernelPath string
 
+// workspaceServerPath is the workspace-server binary built by TestMain;
+// empty when it could not be built (workspaceServerErr says why).
+var (
+	workspaceServerPath string
+	workspaceServerErr  error
+)
+
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "local-backend-test-")
 	if err != nil {
@@ -43,6 +50,7 @@ func TestMain(m *testing.M) {
 		_ = os.RemoveAll(dir)
 		os.Exit(1)
 	}
+	workspaceServerPath, workspaceServerErr = buildWorkspaceServer(dir)
 	code := m.Run()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
@@ -54,17 +62,39 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// buildWorkspaceServer builds workspace-server from its own module (it
+// lives in services/workspace-proxy) into dir.
+func buildWorkspaceServer(dir string) (string, error) {
+	path := filepath.Join(dir, "workspace-server")
+	build := exec.Command("go", "build", "-o", path, "./cmd/workspace-server")
+	build.Dir = filepath.Join("..", "..", "..", "..", "workspace-proxy")
+	build.Env = append(os.Environ(), "GOWORK=off")
+	if out, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build workspace-server: %v\n%s", err, out)
+	}
+	return path, nil
+}
+
 // recorder is a backend.Sink that keeps everything it is given.
 type recorder struct {
 	wake chan struct{} // capacity 1: something was recorded
 
-	mu       sync.Mutex
-	out      map[outKey][]byte
-	running  [][]contract.Endpoint
-	debug    []json.RawMessage
-	reach    []reachEvent
-	ended    []endEvent
-	progress int
+	mu        sync.Mutex
+	out       map[outKey][]byte
+	running   [][]contract.Endpoint
+	debug     []json.RawMessage
+	debugBy   map[string][]json.RawMessage // by app
+	reach     []reachEvent
+	ended     []endEvent
+	endedAt   []time.Time
+	progress  []progressEvent
+	workspace []string // WorkspaceReady URLs
+}
+
+type progressEvent struct {
+	phase, message string
+	done           bool
+	app            string
 }
 
 type outKey struct {
@@ -85,7 +115,7 @@ type endEvent struct {
 }
 
 func newRecorder() *recorder {
-	return &recorder{wake: make(chan struct{}, 1), out: make(map[outKey][]byte)}
+	return &recorder{wake: make(chan struct{}, 1), out: make(map[outKey][]byte), debugBy: make(map[string][]json.RawMessage)}
 }
 
 func (r *recorder) record(f func()) {
@@ -98,7 +128,12 @@ func (r *recorder) record(f func()) {
 	}
 }
 
-func (r *recorder) Progress(string, string, bool, string) { r.record(func() { r.progress++ }) }
+func (r *recorder) Progress(phase, message string, done bool, app string) {
+	r.record(func() { r.progress = append(r.progress, progressEvent{phase, message, done, app}) })
+}
+func (r *recorder) WorkspaceReady(url string) {
+	r.record(func() { r.workspace = append(r.workspace, url) })
+}
 func (r *recorder) Running(eps []contract.Endpoint) {
 	r.record(func() { r.running = append(r.running, slices.Clone(eps)) })
 }
@@ -106,10 +141,16 @@ func (r *recorder) Output(app string, tag byte, p []byte) {
 	r.record(func() { r.out[outKey{app, tag}] = append(r.out[outKey{app, tag}], p...) })
 }
 func (r *recorder) Debug(app string, frame json.RawMessage) {
-	r.record(func() { r.debug = append(r.debug, slices.Clone(frame)) })
+	r.record(func() {
+		r.debug = append(r.debug, slices.Clone(frame))
+		r.debugBy[app] = append(r.debugBy[app], slices.Clone(frame))
+	})
 }
 func (r *recorder) RunEnded(app string, code *int, reason string) {
-	r.record(func() { r.ended = append(r.ended, endEvent{app, code, reason}) })
+	r.record(func() {
+		r.ended = append(r.ended, endEvent{app, code, reason})
+		r.endedAt = append(r.endedAt, time.Now())
+	})
 }
 func (r *recorder) Reachability(app string, port int, state string) {
 	r.record(func() { r.reach = append(r.reach, reachEvent{app, port, state}) })

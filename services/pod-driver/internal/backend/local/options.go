@@ -14,6 +14,7 @@ const (
 	DefaultReachDeadline     = 30 * time.Second
 	DefaultReachSlowInterval = 5 * time.Second
 	DefaultRelayRetry        = 500 * time.Millisecond // contract 10.4
+	DefaultWorkspaceReady    = 120 * time.Second      // contract 9.4
 )
 
 // Options configures a Backend.
@@ -22,6 +23,11 @@ type Options struct {
 	// ["/path/devkernel"] or ["telo"]; "run", flags and the entry path are
 	// appended. The first word is resolved through PATH once, by New.
 	KernelCommand []string
+	// WorkspaceServerCommand is the argv of workspace-server, the file
+	// service of watch sessions (ARCHITECTURE.md §6). Its first word is
+	// resolved like KernelCommand's. Empty: watch sessions fail to start
+	// (stage create).
+	WorkspaceServerCommand []string
 	// WorkRoot is the directory per-session directories live under. New
 	// creates it.
 	WorkRoot string
@@ -35,6 +41,9 @@ type Options struct {
 	// RelayRetry is the pause between debug-relay connection attempts
 	// (contract 10.4).
 	RelayRetry time.Duration
+	// WorkspaceReady bounds how long a watch session's start waits for its
+	// workspace server to answer (contract 9.4: 120 s).
+	WorkspaceReady time.Duration
 }
 
 // Validate reports the first unusable field. Zero durations are allowed
@@ -42,6 +51,9 @@ type Options struct {
 func (o Options) Validate() error {
 	if len(o.KernelCommand) == 0 || o.KernelCommand[0] == "" {
 		return errors.New("local backend: KernelCommand is empty")
+	}
+	if len(o.WorkspaceServerCommand) > 0 && o.WorkspaceServerCommand[0] == "" {
+		return errors.New("local backend: WorkspaceServerCommand has an empty program")
 	}
 	if o.WorkRoot == "" {
 		return errors.New("local backend: WorkRoot is empty")
@@ -55,6 +67,7 @@ func (o Options) Validate() error {
 		{"ReachDeadline", o.ReachDeadline},
 		{"ReachSlowInterval", o.ReachSlowInterval},
 		{"RelayRetry", o.RelayRetry},
+		{"WorkspaceReady", o.WorkspaceReady},
 	} {
 		if d.v < 0 {
 			return fmt.Errorf("local backend: %s is negative (%v)", d.name, d.v)
@@ -72,6 +85,7 @@ func (o *Options) applyDefaults() {
 	setDefault(&o.ReachDeadline, DefaultReachDeadline)
 	setDefault(&o.ReachSlowInterval, DefaultReachSlowInterval)
 	setDefault(&o.RelayRetry, DefaultRelayRetry)
+	setDefault(&o.WorkspaceReady, DefaultWorkspaceReady)
 }
 
 func setDefault(d *time.Duration, v time.Duration) {

@@ -1,6 +1,7 @@
 package local
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -245,9 +246,66 @@ func (p *proc) kill() {
 	p.closeFiles()
 }
 
-// pump copies one output stream to the sink until EOF (pipes), EIO (a pty
+// outputSink receives what a process writes: the session's sink for app
+// processes, the logger for the workspace server and the agent.
+type outputSink interface {
+	Output(app string, tag byte, p []byte)
+}
+
+// drive owns p from its start until it has ended and everything attached
+// to it has stopped: it reaps the process, turns stop and kill requests
+// into signals, pumps its output to out and, when r is not nil, relays its
+// debug wire. After the exit the pumps and the relay get drainTimeout to
+// deliver what is left.
+func (p *proc) drive(stop, kill <-chan struct{}, grace time.Duration, out outputSink, r *relay) {
+	var wg sync.WaitGroup
+	wg.Go(p.wait)
+	wg.Go(func() { p.supervise(stop, kill, grace) })
+
+	pumped := make(chan struct{}, len(p.outputs))
+	for _, o := range p.outputs {
+		wg.Go(func() {
+			defer func() { pumped <- struct{}{} }()
+			p.pump(o, out)
+		})
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	relayed := make(chan struct{})
+	if r != nil {
+		wg.Go(func() {
+			defer close(relayed)
+			r.run(ctx, p.exited)
+		})
+	} else {
+		close(relayed)
+	}
+
+	<-p.exited
+	drain, stopDrain := context.WithTimeout(context.Background(), drainTimeout)
+	defer stopDrain()
+	for range p.outputs {
+		select {
+		case <-pumped:
+		case <-drain.Done():
+			p.log.Warn("process output still open after exit; closing it")
+			p.closeFiles() // unblocks the remaining pumps
+			<-pumped
+		}
+	}
+	p.closeFiles()
+	select {
+	case <-relayed:
+	case <-drain.Done():
+	}
+	cancel() // a relay still reading
+	wg.Wait()
+}
+
+// pump copies one output stream to out until EOF (pipes), EIO (a pty
 // whose every slave is closed) or Close.
-func (p *proc) pump(o output, sink backend.Sink) {
+func (p *proc) pump(o output, sink outputSink) {
 	buf := make([]byte, outputBufSize)
 	for {
 		n, err := o.f.Read(buf)

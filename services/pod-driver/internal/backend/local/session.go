@@ -15,9 +15,10 @@ import (
 
 // Names inside a session directory.
 const (
-	appDirName  = "app"
-	homeDirName = "home"
-	pidFileName = "pid"
+	appDirName       = "app"       // run sessions: the bundle
+	workspaceDirName = "workspace" // watch sessions: the shared workspace
+	homeDirName      = "home"
+	pidFileName      = "pid"
 )
 
 // sessionDir is one session's directory under the work root.
@@ -25,8 +26,9 @@ type sessionDir struct {
 	root string // <WorkRoot>/<sessionId>, absolute
 }
 
-func (d sessionDir) app() string  { return filepath.Join(d.root, appDirName) }
-func (d sessionDir) home() string { return filepath.Join(d.root, homeDirName) }
+func (d sessionDir) app() string       { return filepath.Join(d.root, appDirName) }
+func (d sessionDir) workspace() string { return filepath.Join(d.root, workspaceDirName) }
+func (d sessionDir) home() string      { return filepath.Join(d.root, homeDirName) }
 
 // entry is the absolute path of a bundle entry inside app/. rel must be
 // normalized (contract.NormalizePath).
@@ -34,14 +36,15 @@ func (d sessionDir) entry(rel string) string {
 	return filepath.Join(d.app(), filepath.FromSlash(rel))
 }
 
-// createSessionDir makes <workRoot>/<id> with app/ and home/. It fails if the
-// directory already exists: a live or adoptable session may own it.
-func createSessionDir(workRoot, id string) (sessionDir, error) {
+// createSessionDir makes <workRoot>/<id> with home/ and content (app/ for
+// a run session, workspace/ for a watch session). It fails if the directory
+// already exists: a live or adoptable session may own it.
+func createSessionDir(workRoot, id, content string) (sessionDir, error) {
 	d := sessionDir{root: filepath.Join(workRoot, id)}
 	if err := os.Mkdir(d.root, 0o700); err != nil {
 		return sessionDir{}, fmt.Errorf("create session directory: %w", err)
 	}
-	for _, sub := range []string{d.app(), d.home()} {
+	for _, sub := range []string{filepath.Join(d.root, content), d.home()} {
 		if err := os.Mkdir(sub, 0o755); err != nil {
 			_ = os.RemoveAll(d.root) // undoing our own fresh directory
 			return sessionDir{}, fmt.Errorf("create session directory: %w", err)
@@ -84,8 +87,10 @@ func (d sessionDir) writeBundle(files []contract.BundleFile) error {
 	return nil
 }
 
-// writePIDs records the process group id of each app process, one per
-// line in app order, for adoption after a driver restart.
+// writePIDs records the process group id of each process of the session,
+// one per line (run sessions: in app order; watch sessions: the workspace
+// server, the running app kernels in app order, the agent), for adoption
+// after a driver restart.
 func (d sessionDir) writePIDs(pgids []int) error {
 	var b strings.Builder
 	for _, id := range pgids {

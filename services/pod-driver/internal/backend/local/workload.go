@@ -11,34 +11,29 @@ import (
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend"
 )
 
-// Workload is a running session: one process per app in its session
+// Workload is a running run session: one process per app in its session
 // directory. It implements backend.Workload.
+//
+// Exit reports Code as the first app's exit status (128+signal for a
+// signal death); when Stop (or Close) ended the workload, Stopped is set
+// and Code is nil. Err is set when the process could not be waited for.
 type Workload struct {
+	lifecycle
 	b     *Backend
-	id    string
 	dir   sessionDir
 	sink  backend.Sink
 	log   *slog.Logger
 	procs []*proc
-
-	stopOnce, killOnce sync.Once
-	stopCh, killCh     chan struct{} // closed by requestStop / requestKill
-
-	done chan struct{} // closed after exit is set
-	exit backend.Exit
 }
 
 var _ backend.Workload = (*Workload)(nil)
 
 func newWorkload(b *Backend, id string, sink backend.Sink) *Workload {
 	return &Workload{
-		b:      b,
-		id:     id,
-		sink:   sink,
-		log:    b.log.With("session", id),
-		stopCh: make(chan struct{}),
-		killCh: make(chan struct{}),
-		done:   make(chan struct{}),
+		lifecycle: newLifecycle(id),
+		b:         b,
+		sink:      sink,
+		log:       b.log.With("session", id),
 	}
 }
 
@@ -61,33 +56,6 @@ func (w *Workload) Resize(app string, cols, rows int) error {
 	return pr.resize(cols, rows)
 }
 
-// Stop asks every app process group to end (SIGTERM, SIGKILL after the
-// backend's StopGrace) and waits for Done or ctx. It is idempotent and
-// safe after a natural exit; an expired ctx leaves the escalation running.
-func (w *Workload) Stop(ctx context.Context) error {
-	w.requestStop()
-	select {
-	case <-w.done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("stop session %s: %w", w.id, ctx.Err())
-	}
-}
-
-// Done is closed when every app process has ended, its output has been
-// delivered, its watchers and relay have stopped and the session
-// directory is gone.
-func (w *Workload) Done() <-chan struct{} { return w.done }
-
-// Exit reports how the workload ended, blocking until Done is closed. Code
-// is the first app's exit status (128+signal for a signal death); when
-// Stop (or Close) ended the workload, Stopped is set and Code is nil. Err
-// is set when the process could not be waited for.
-func (w *Workload) Exit() backend.Exit {
-	<-w.done
-	return w.exit
-}
-
 func (w *Workload) proc(app string) (*proc, error) {
 	for _, p := range w.procs {
 		if p.app.Name == app {
@@ -96,9 +64,6 @@ func (w *Workload) proc(app string) (*proc, error) {
 	}
 	return nil, fmt.Errorf("session %s has no app %q", w.id, app)
 }
-
-func (w *Workload) requestStop() { w.stopOnce.Do(func() { close(w.stopCh) }) }
-func (w *Workload) requestKill() { w.killOnce.Do(func() { close(w.killCh) }) }
 
 // launch starts the goroutines of every process and the one that finishes
 // the workload. Goroutines are owned by the backend's wait group.
@@ -114,59 +79,24 @@ func (w *Workload) launch() {
 }
 
 // runProc owns one process until it has ended and everything attached to
-// it has stopped.
+// it has stopped, then reports an end it did not ask for.
 func (w *Workload) runProc(p *proc) {
-	var wg sync.WaitGroup
-	wg.Go(p.wait)
-	wg.Go(func() { p.supervise(w.stopCh, w.killCh, w.b.opts.StopGrace) })
-
-	pumped := make(chan struct{}, len(p.outputs))
-	for _, o := range p.outputs {
-		wg.Go(func() {
-			defer func() { pumped <- struct{}{} }()
-			p.pump(o, w.sink)
-		})
-	}
-
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	var watchers sync.WaitGroup
 	tm := reachTiming{w.b.opts.ReachInterval, w.b.opts.ReachDeadline, w.b.opts.ReachSlowInterval}
 	for _, port := range p.app.Ports {
 		if port.Protocol == "udp" {
 			continue // never watched (11.7)
 		}
-		wg.Go(func() { watchReach(ctx, p.app.Name, port.Port, tm, w.sink) })
+		watchers.Go(func() { watchReach(ctx, p.app.Name, port.Port, tm, w.sink) })
 	}
-	relayed := make(chan struct{})
+	var r *relay
 	if p.inspectPort != 0 {
-		r := newRelay(p.app.Name, p.inspectPort, w.b.client, w.b.opts.RelayRetry, w.sink, p.log)
-		wg.Go(func() {
-			defer close(relayed)
-			r.run(ctx, p.exited)
-		})
-	} else {
-		close(relayed)
+		r = newRelay(p.app.Name, p.inspectPort, w.b.client, w.b.opts.RelayRetry, w.sink, p.log)
 	}
-
-	<-p.exited
-	drain, stopDrain := context.WithTimeout(context.Background(), drainTimeout)
-	defer stopDrain()
-	for range p.outputs {
-		select {
-		case <-pumped:
-		case <-drain.Done():
-			p.log.Warn("app output still open after exit; closing it")
-			p.closeFiles() // unblocks the remaining pumps
-			<-pumped
-		}
-	}
-	p.closeFiles()
-	select {
-	case <-relayed:
-	case <-drain.Done():
-	}
-	cancel() // watchers, and a relay still reading
-	wg.Wait()
+	p.drive(w.stopCh, w.killCh, w.b.opts.StopGrace, w.sink, r)
+	cancel()
+	watchers.Wait()
 
 	if !p.wasStopped() {
 		w.sink.RunEnded(p.app.Name, contract.IntPtr(p.code), endReason(p.code))
@@ -200,7 +130,7 @@ func (w *Workload) finish() {
 	if err := w.dir.remove(); err != nil {
 		w.log.Warn("remove session directory", "err", err)
 	}
-	w.b.unregister(w)
+	w.b.unregister(&w.lifecycle)
 	close(w.done)
 }
 
@@ -216,6 +146,6 @@ func (w *Workload) abort() {
 		}
 	}
 	w.exit = backend.Exit{Err: errors.New("start failed")}
-	w.b.unregister(w)
+	w.b.unregister(&w.lifecycle)
 	close(w.done)
 }

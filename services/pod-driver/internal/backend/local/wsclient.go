@@ -1,0 +1,146 @@
+package local
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/telorunner/telorunner/pkg/contract"
+)
+
+const (
+	// wsRequestTimeout bounds one request to a workspace server (9.4).
+	wsRequestTimeout = 30 * time.Second
+	// wsReadyPoll is the pause between readiness probes of a workspace
+	// server that does not answer yet.
+	wsReadyPoll = 100 * time.Millisecond
+	// wsErrorBody is how much of a failed answer an error quotes (9.4).
+	wsErrorBody = 500
+)
+
+// markerPath is the workspace marker seeded at the root (contract 9.7).
+const markerPath = "telo-workspace.yaml"
+
+// markerContent anchors the kernels' shared module cache: a comment
+// block, then the non-empty modules list the workspace parser requires.
+const markerContent = `# Workspace marker, seeded by telorunner when this watch session started.
+# The Telo kernel anchors its module cache (.telo) at the nearest directory
+# above an entry that holds this file, so every app of the session shares
+# one cache here and a module is downloaded once per session.
+# The modules list is read only by "telo release"; it must not be empty.
+modules: ["*"]
+`
+
+// wsClient talks to one workspace server over plain HTTP (contract 9.2).
+type wsClient struct {
+	base string // http://127.0.0.1:<port>
+	http *http.Client
+}
+
+// wsWrite is one write of a change set.
+type wsWrite struct {
+	Path     string `json:"path"`
+	Content  string `json:"content"`
+	Encoding string `json:"encoding"`
+}
+
+// changeSet is the body of POST /workspace.
+type changeSet struct {
+	Write  []wsWrite `json:"write"`
+	Delete []string  `json:"delete,omitempty"`
+}
+
+// ping reads the tree once: the readiness probe.
+func (c wsClient) ping(ctx context.Context) error {
+	var tree struct {
+		Files []json.RawMessage `json:"files"`
+	}
+	return c.do(ctx, http.MethodGet, "/workspace", nil, &tree)
+}
+
+// apply posts one change set.
+func (c wsClient) apply(ctx context.Context, cs changeSet) error {
+	var res struct {
+		Written int `json:"written"`
+		Deleted int `json:"deleted"`
+	}
+	if err := c.do(ctx, http.MethodPost, "/workspace", cs, &res); err != nil {
+		return err
+	}
+	if res.Written != len(cs.Write) || res.Deleted != len(cs.Delete) {
+		return fmt.Errorf("POST /workspace: applied %d writes and %d deletes, want %d and %d",
+			res.Written, res.Deleted, len(cs.Write), len(cs.Delete))
+	}
+	return nil
+}
+
+// do sends one request (bounded by wsRequestTimeout) and decodes a 2xx
+// answer into out. Any other answer is an error quoting method, path,
+// status and the start of the body.
+func (c wsClient) do(ctx context.Context, method, path string, in, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, wsRequestTimeout)
+	defer cancel()
+	var body io.Reader
+	if in != nil {
+		data, err := json.Marshal(in)
+		if err != nil {
+			return fmt.Errorf("%s %s: encode body: %w", method, path, err)
+		}
+		body = bytes.NewReader(data)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	defer func() { _ = resp.Body.Close() }() // read to the end below; nothing to flush
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, wsErrorBody))
+		return fmt.Errorf("%s %s: status %s: %s", method, path, resp.Status, snippet)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("%s %s: decode answer: %w", method, path, err)
+	}
+	return nil
+}
+
+// seedChanges is the change set that seeds a fresh workspace (contract
+// 9.5): every bundle file at its normalized path, then the marker at the
+// root unless the bundle has a file at exactly that path. It fails on a
+// path that does not normalize or a base64 content that does not decode,
+// so a bad bundle is refused before anything starts. As in run sessions,
+// any encoding but base64 is text.
+func seedChanges(files []contract.BundleFile) (changeSet, error) {
+	cs := changeSet{Write: make([]wsWrite, 0, len(files)+1)}
+	hasMarker := false
+	for _, f := range files {
+		rel, err := contract.NormalizePath(f.RelativePath)
+		if err != nil {
+			return changeSet{}, err
+		}
+		enc := "utf8" // as writeBundle: anything but base64 is text
+		if f.Encoding == "base64" {
+			if _, err := base64.StdEncoding.DecodeString(f.Contents); err != nil {
+				return changeSet{}, fmt.Errorf("decode bundle file %s: %w", rel, err)
+			}
+			enc = "base64"
+		}
+		hasMarker = hasMarker || rel == markerPath
+		cs.Write = append(cs.Write, wsWrite{Path: rel, Content: f.Contents, Encoding: enc})
+	}
+	if !hasMarker {
+		cs.Write = append(cs.Write, wsWrite{Path: markerPath, Content: markerContent, Encoding: "utf8"})
+	}
+	return cs, nil
+}
