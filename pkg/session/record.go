@@ -21,6 +21,7 @@ type Record struct {
 	CreatedAt   time.Time       `json:"createdAt"`
 	ExitedAt    *time.Time      `json:"exitedAt,omitempty"`
 	IdleSince   *time.Time      `json:"idleSince,omitempty"`
+	SuspendedAt *time.Time      `json:"suspendedAt,omitempty"`
 	UserStopped bool            `json:"userStopped,omitempty"`
 	Launch      Launch          `json:"launch"`
 	// Workspace is the base URL of a watch session's live workspace
@@ -90,4 +91,13 @@ func (r *Record) Reclaimable() (bool, time.Time) {
 // LiveWatch reports whether the session counts against the watch ceiling.
 func (r *Record) LiveWatch() bool {
 	return r.Mode == contract.ModeWatch && !r.Status.Terminal() && r.Status.Kind != contract.StatusSuspended
+}
+
+// AppsChange is the runner.ctl.<id>.apps request of PUT apps: the resolved
+// new app set, whether the agent must be dropped (an app declares its
+// port), and notices for the event stream.
+type AppsChange struct {
+	Apps      []App    `json:"apps"`
+	DropAgent bool     `json:"dropAgent,omitempty"`
+	Notices   []string `json:"notices,omitempty"`
 }

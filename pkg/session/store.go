@@ -102,19 +102,23 @@ func (s *Store) Emit(ctx context.Context, id string, ev contract.Event) (uint64,
 
 // SetStatus records a status transition and emits its status event. A
 // terminal session never changes again (ErrTerminal). mutate, when given,
-// changes other fields in the same compare-and-set.
-func (s *Store) SetStatus(ctx context.Context, id string, st contract.Status, mutate func(*Record)) (Record, error) {
+// checks and changes other fields in the same compare-and-set; an error
+// from it aborts the transition.
+func (s *Store) SetStatus(ctx context.Context, id string, st contract.Status, mutate func(*Record) error) (Record, error) {
 	r, err := s.Update(ctx, id, func(r *Record) error {
 		if r.Status.Terminal() {
 			return ErrTerminal
+		}
+		// mutate sees the status being left.
+		if mutate != nil {
+			if err := mutate(r); err != nil {
+				return err
+			}
 		}
 		r.Status = st
 		if st.Terminal() {
 			now := s.Now().UTC()
 			r.ExitedAt = &now
-		}
-		if mutate != nil {
-			mutate(r)
 		}
 		return nil
 	})

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/checkpoint"
 	"github.com/telorunner/telorunner/pkg/session"
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/local"
 	idriver "github.com/telorunner/telorunner/services/pod-driver/internal/driver"
@@ -157,11 +158,15 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	if err != nil {
 		return fmt.Errorf("local backend: %w", err)
 	}
+	cps, err := checkpoint.NewStore(ctx, js, checkpoint.Options{})
+	if err != nil {
+		return err
+	}
 	id := cfg.ID
 	if id == "" {
 		id = "driver-" + nuid.Next()
 	}
-	drv := idriver.New(idriver.Options{ID: id, NC: d.NC, Store: store, Backend: be, Logger: log, OwnerTTL: bus.Limits.Defaults(lim).OwnerTTL, Registry: d.Registry})
+	drv := idriver.New(idriver.Options{ID: id, NC: d.NC, Store: store, Backend: be, Logger: log, OwnerTTL: bus.Limits.Defaults(lim).OwnerTTL, Registry: d.Registry, Checkpoints: cps})
 	err = drv.Run(ctx)
 	closeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

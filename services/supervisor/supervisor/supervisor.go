@@ -1,22 +1,28 @@
-// Package supervisor is the background policy service: one active replica
-// (leader-elected over a key with a TTL; standbys take over when it stops
-// renewing) reconciles stored sessions on a tick. Today it evicts terminal
-// sessions after the exit TTL (contract 5.4); checkpoints, idle suspend
-// and adoption requests come with the watch-session work.
+// Package supervisor is the background policy service (contract 13): one
+// active replica (leader-elected over a key with a TTL; standbys take over
+// when it stops renewing) reconciles every stored session on a tick:
+// checkpoints of live watch sessions, idle suspend, suspended-TTL and
+// exit-TTL eviction, adoption requests for sessions whose driver died, and
+// garbage collection of unreferenced checkpoint blobs.
 package supervisor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/checkpoint"
+	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/session"
 )
 
@@ -25,30 +31,52 @@ const LeaderKey = "_supervisor"
 
 // Config is the supervisor configuration.
 type Config struct {
-	ExitTTL time.Duration // RUNNER_EXIT_TTL_MS
-	Tick    time.Duration // reconcile period (contract 13.1: 5 s)
+	ExitTTL         time.Duration // RUNNER_EXIT_TTL_MS
+	Idle            time.Duration // RUNNER_WATCH_IDLE_SECONDS
+	CheckpointEvery time.Duration // RUNNER_WORKSPACE_CHECKPOINT_SECONDS
+	SuspendedTTL    time.Duration // RUNNER_WATCH_SUSPENDED_TTL_SECONDS
+	// Tick is the reconcile period (contract 13.1: 5 s;
+	// RUNNER_SUPERVISOR_TICK_MS).
+	Tick time.Duration
+	// AdoptAfter is how long a starting session may have no owner before
+	// adoption is requested (its start command may still be queued).
+	AdoptAfter time.Duration
+	// GCEvery is how often unreferenced blobs are collected.
+	GCEvery time.Duration
 	ID      string
+}
+
+func (c Config) withDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.ExitTTL, 4*time.Hour)
+	def(&c.Idle, 300*time.Second)
+	def(&c.CheckpointEvery, 30*time.Second)
+	def(&c.SuspendedTTL, 24*time.Hour)
+	def(&c.Tick, 5*time.Second)
+	def(&c.AdoptAfter, 2*time.Minute)
+	def(&c.GCEvery, 10*time.Minute)
+	if c.ID == "" {
+		c.ID = "supervisor-" + nuid.Next()
+	}
+	return c
 }
 
 // Deps are the supervisor's connections.
 type Deps struct {
-	NC     *nats.Conn
-	Logger *slog.Logger
-	Limits bus.Limits
-	Now    func() time.Time
+	NC       *nats.Conn
+	Logger   *slog.Logger
+	Limits   bus.Limits
+	Registry prometheus.Registerer
+	Now      func() time.Time
 }
 
 // Run reconciles until ctx ends.
 func Run(ctx context.Context, cfg Config, d Deps) error {
-	if cfg.ExitTTL <= 0 {
-		cfg.ExitTTL = 4 * time.Hour
-	}
-	if cfg.Tick <= 0 {
-		cfg.Tick = 5 * time.Second
-	}
-	if cfg.ID == "" {
-		cfg.ID = "supervisor-" + nuid.Next()
-	}
+	cfg = cfg.withDefaults()
 	if d.Now == nil {
 		d.Now = time.Now
 	}
@@ -68,7 +96,12 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	if err != nil {
 		return err
 	}
-	s := &sup{cfg: cfg, store: store, log: log, now: d.Now}
+	cps, err := checkpoint.NewStore(ctx, js, checkpoint.Options{})
+	if err != nil {
+		return err
+	}
+	s := &sup{cfg: cfg, nc: d.NC, store: store, cps: cps, log: log, now: d.Now,
+		busy: map[string]bool{}, lastCheckpoint: map[string]time.Time{}, m: newMetrics(d.Registry)}
 	t := time.NewTicker(cfg.Tick)
 	defer t.Stop()
 	for {
@@ -77,6 +110,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 		}
 		select {
 		case <-ctx.Done():
+			s.jobs.Wait()
 			if s.leaderRev != 0 {
 				_ = store.Owners.Delete(context.Background(), LeaderKey, jetstream.LastRevision(s.leaderRev))
 			}
@@ -88,10 +122,19 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 
 type sup struct {
 	cfg       Config
+	nc        *nats.Conn
 	store     *session.Store
+	cps       *checkpoint.Store
 	log       *slog.Logger
 	now       func() time.Time
+	m         metrics
 	leaderRev uint64
+	lastGC    time.Time
+
+	jobs           sync.WaitGroup
+	mu             sync.Mutex
+	busy           map[string]bool      // a checkpoint/suspend job in flight
+	lastCheckpoint map[string]time.Time // last successful checkpoint
 }
 
 // lead holds or takes the leader key; it reports whether this replica is
@@ -115,7 +158,7 @@ func (s *sup) lead(ctx context.Context) bool {
 	return true
 }
 
-// reconcile evicts terminal sessions whose exit TTL passed.
+// reconcile looks at every session once.
 func (s *sup) reconcile(ctx context.Context) {
 	keys, err := s.store.Sessions.ListKeys(ctx)
 	if err != nil {
@@ -131,12 +174,223 @@ func (s *sup) reconcile(ctx context.Context) {
 			s.log.Warn("read session", "session", id, "err", err)
 			continue
 		}
-		if rec.Status.Terminal() && rec.ExitedAt != nil && s.now().Sub(*rec.ExitedAt) >= s.cfg.ExitTTL {
-			if err := s.store.Evict(ctx, id); err != nil {
-				s.log.Warn("evict session", "session", id, "err", err)
-				continue
-			}
-			s.log.Info("evicted terminal session", "session", id)
+		s.reconcileOne(ctx, rec)
+	}
+	if s.now().Sub(s.lastGC) >= s.cfg.GCEvery {
+		s.lastGC = s.now()
+		if n, err := s.cps.CollectGarbage(ctx); err != nil {
+			s.log.Warn("collect checkpoint garbage", "err", err)
+		} else if n > 0 {
+			s.log.Info("collected checkpoint blobs", "removed", n)
 		}
 	}
+}
+
+func (s *sup) reconcileOne(ctx context.Context, rec session.Record) {
+	now := s.now()
+	switch {
+	case rec.Status.Terminal():
+		if rec.ExitedAt != nil && now.Sub(*rec.ExitedAt) >= s.cfg.ExitTTL {
+			s.evict(ctx, rec.ID, "exit TTL")
+		}
+	case rec.Status.Kind == contract.StatusSuspended:
+		if rec.SuspendedAt != nil && now.Sub(*rec.SuspendedAt) >= s.cfg.SuspendedTTL {
+			s.evict(ctx, rec.ID, "suspended TTL")
+		}
+	default:
+		if !s.owned(ctx, rec) {
+			return
+		}
+		if rec.Mode == contract.ModeWatch && rec.Status.Kind == contract.StatusRunning {
+			s.watchPolicy(ctx, rec)
+		}
+	}
+}
+
+// owned reports whether a live session has an owner, and asks the drivers
+// to adopt it when it has none (ARCHITECTURE §3).
+func (s *sup) owned(ctx context.Context, rec session.Record) bool {
+	if _, err := s.store.Owners.Get(ctx, rec.ID); err == nil {
+		return true
+	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return false
+	}
+	if rec.Status.Kind == contract.StatusStarting && s.now().Sub(rec.CreatedAt) < s.cfg.AdoptAfter {
+		return false // its start command may still be on the queue
+	}
+	msg := &nats.Msg{Subject: bus.SubjectCmdAdopt, Data: []byte(rec.ID), Header: nats.Header{}}
+	msg.Header.Set(bus.HeaderSession, rec.ID)
+	// One adopt request per session per minute at most.
+	msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("adopt-%s-%d", rec.ID, s.now().Unix()/60))
+	if _, err := s.store.JS.PublishMsg(ctx, msg); err != nil {
+		s.log.Warn("request adoption", "session", rec.ID, "err", err)
+	} else {
+		s.log.Info("requested adoption of an ownerless session", "session", rec.ID)
+	}
+	return false
+}
+
+// watchPolicy applies 13.1 to a running watch session: suspend when idle,
+// else checkpoint when due. Jobs run in the background, one per session.
+func (s *sup) watchPolicy(ctx context.Context, rec session.Record) {
+	idleSince, err := s.idleSince(ctx, rec)
+	if err != nil {
+		s.log.Warn("read presence", "session", rec.ID, "err", err)
+		return
+	}
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.busy[rec.ID] {
+		return
+	}
+	last, ok := s.lastCheckpoint[rec.ID]
+	switch {
+	case idleSince != nil && now.Sub(*idleSince) >= s.cfg.Idle:
+		s.start(ctx, rec.ID, s.suspend)
+	case !ok || now.Sub(last) >= s.cfg.CheckpointEvery:
+		s.start(ctx, rec.ID, func(ctx context.Context, id string) error { return s.checkpoint(ctx, id) })
+	}
+}
+
+// start runs job for id in the background; s.mu is held by the caller.
+func (s *sup) start(ctx context.Context, id string, job func(context.Context, string) error) {
+	s.busy[id] = true
+	s.jobs.Add(1)
+	go func() {
+		defer s.jobs.Done()
+		if err := job(ctx, id); err != nil && ctx.Err() == nil {
+			s.log.Warn("supervisor job failed; retried on a later tick", "session", id, "err", err)
+		}
+		s.mu.Lock()
+		delete(s.busy, id)
+		s.mu.Unlock()
+	}()
+}
+
+// idleSince keeps the record's idleSince in step with presence: cleared
+// while any edge counts a client, set when the last one left (13.2).
+func (s *sup) idleSince(ctx context.Context, rec session.Record) (*time.Time, error) {
+	present, err := s.present(ctx, rec.ID)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case present && rec.IdleSince != nil:
+		_, err = s.store.Update(ctx, rec.ID, func(r *session.Record) error { r.IdleSince = nil; return nil })
+		return nil, err
+	case !present && rec.IdleSince == nil:
+		now := s.now().UTC()
+		_, err = s.store.Update(ctx, rec.ID, func(r *session.Record) error {
+			if r.IdleSince == nil {
+				r.IdleSince = &now
+			}
+			return nil
+		})
+		return &now, err
+	case present:
+		return nil, nil
+	}
+	return rec.IdleSince, nil
+}
+
+func (s *sup) present(ctx context.Context, id string) (bool, error) {
+	l, err := s.store.Presence.ListKeysFiltered(ctx, id+".*")
+	if err != nil {
+		if errors.Is(err, jetstream.ErrNoKeysFound) {
+			return false, nil
+		}
+		return false, err
+	}
+	found := false
+	for range l.Keys() {
+		found = true
+	}
+	return found, nil
+}
+
+// checkpoint asks runner-ws for an incremental checkpoint.
+func (s *sup) checkpoint(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	reply, err := s.nc.RequestWithContext(ctx, bus.WSSubject(id, bus.WSCheckpoint), nil)
+	if err == nil {
+		err = replyErr(reply.Data)
+	}
+	if err != nil {
+		s.m.checkpointFailures.Inc()
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	s.m.checkpoints.Inc()
+	s.mu.Lock()
+	s.lastCheckpoint[id] = s.now()
+	s.mu.Unlock()
+	return nil
+}
+
+// suspend checkpoints, then asks the owner to end the workload; the owner
+// records `suspended` once it is gone. A failed checkpoint aborts (13.4).
+func (s *sup) suspend(ctx context.Context, id string) error {
+	if err := s.checkpoint(ctx, id); err != nil {
+		return fmt.Errorf("suspend aborted: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	reply, err := s.nc.RequestWithContext(ctx, bus.CtlSubject(id, bus.CtlSuspend), nil)
+	if err == nil {
+		err = replyErr(reply.Data)
+	}
+	if err != nil {
+		return fmt.Errorf("suspend: %w", err)
+	}
+	s.m.suspends.Inc()
+	s.log.Info("suspended idle watch session", "session", id)
+	return nil
+}
+
+// evict removes every trace of a session, its checkpoint manifest first.
+func (s *sup) evict(ctx context.Context, id, why string) {
+	if err := s.cps.Delete(ctx, id); err != nil {
+		s.log.Warn("delete checkpoint", "session", id, "err", err)
+	}
+	if err := s.store.Evict(ctx, id); err != nil {
+		s.log.Warn("evict session", "session", id, "err", err)
+		return
+	}
+	s.mu.Lock()
+	delete(s.lastCheckpoint, id)
+	s.mu.Unlock()
+	s.m.evictions.Inc()
+	s.log.Info("evicted session", "session", id, "reason", why)
+}
+
+func replyErr(data []byte) error {
+	var ans struct{ Error, Message string }
+	if err := json.Unmarshal(data, &ans); err != nil {
+		return fmt.Errorf("undecodable reply: %w", err)
+	}
+	if ans.Error != "" {
+		return fmt.Errorf("%s: %s", ans.Error, ans.Message)
+	}
+	return nil
+}
+
+type metrics struct {
+	checkpoints, checkpointFailures, suspends, evictions prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) metrics {
+	c := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+	}
+	m := metrics{
+		checkpoints:        c("runner_supervisor_checkpoints_total", "Workspace checkpoints taken."),
+		checkpointFailures: c("runner_supervisor_checkpoint_failures_total", "Workspace checkpoints that failed."),
+		suspends:           c("runner_supervisor_suspends_total", "Idle watch sessions suspended."),
+		evictions:          c("runner_supervisor_evictions_total", "Sessions evicted by TTL."),
+	}
+	if reg != nil {
+		reg.MustRegister(m.checkpoints, m.checkpointFailures, m.suspends, m.evictions)
+	}
+	return m
 }

@@ -72,7 +72,9 @@ func LoadConfig(lookup func(string) (string, bool)) (Config, error) {
 	if c.Driver, err = driver.LoadConfig(withData); err != nil {
 		return c, err
 	}
-	c.Supervisor.ExitTTL = c.Edge.ExitTTL
+	if c.Supervisor, err = supervisor.LoadConfig(lookup); err != nil {
+		return c, err
+	}
 	return c, nil
 }
 
@@ -120,7 +122,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 		return driver.Run(ctx, cfg.Driver, driver.Deps{NC: conns["pod-driver"], Logger: log, Registry: reg, Limits: lim})
 	})
 	g.Go("supervisor", func(ctx context.Context) error {
-		return supervisor.Run(ctx, cfg.Supervisor, supervisor.Deps{NC: conns["supervisor"], Logger: log, Limits: lim})
+		return supervisor.Run(ctx, cfg.Supervisor, supervisor.Deps{NC: conns["supervisor"], Logger: log, Limits: lim, Registry: reg})
 	})
 	g.Go("workspace-proxy", func(ctx context.Context) error {
 		return proxy.Run(ctx, proxy.Config{}, proxy.Deps{NC: conns["workspace-proxy"], Logger: log, Limits: lim})

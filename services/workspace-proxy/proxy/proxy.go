@@ -135,15 +135,19 @@ func (p *proxy) do(ctx context.Context, req micro.Request) (any, error) {
 		return nil, contract.Errorf("not_running", "session '%s' has no live workspace", id)
 	}
 	c := wsclient.New(rec.Workspace, p.hc)
-	res, err := p.op(ctx, c, op, req.Data())
+	res, err := p.op(ctx, c, id, op, req.Data())
 	if err != nil {
 		return nil, mapErr(err)
 	}
 	return res, nil
 }
 
-func (p *proxy) op(ctx context.Context, c *wsclient.Client, op string, data []byte) (any, error) {
+func (p *proxy) op(ctx context.Context, c *wsclient.Client, id, op string, data []byte) (any, error) {
 	switch op {
+	case bus.WSCheckpoint:
+		return p.checkpointOp(ctx, c, id)
+	case bus.WSRestore:
+		return p.restoreOp(ctx, c, id)
 	case bus.WSTree:
 		return c.Tree(ctx)
 	case bus.WSRead:

@@ -16,9 +16,14 @@ import (
 // ctl sends a control request to the session's owning driver and maps its
 // answer: {ok:true} is nil, {error,message} is a *contract.Error.
 func (s *Server) ctl(ctx context.Context, id, verb string, hdr nats.Header, timeout time.Duration) error {
+	return s.ctlData(ctx, id, verb, nil, hdr, timeout)
+}
+
+// ctlData is ctl with a request body.
+func (s *Server) ctlData(ctx context.Context, id, verb string, data []byte, hdr nats.Header, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	msg := &nats.Msg{Subject: bus.CtlSubject(id, verb), Header: hdr}
+	msg := &nats.Msg{Subject: bus.CtlSubject(id, verb), Data: data, Header: hdr}
 	reply, err := s.nc.RequestMsgWithContext(ctx, msg)
 	if err != nil {
 		return err

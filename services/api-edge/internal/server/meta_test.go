@@ -32,7 +32,7 @@ func TestHealthAndUnknownRoute(t *testing.T) {
 	for _, tc := range []struct{ name, method, path string }{
 		{"unknown path", http.MethodGet, "/v1/nope"},
 		{"outside v1", http.MethodGet, "/"},
-		{"route not implemented", http.MethodPut, "/v1/sessions/abcdefghijkl/apps"},
+		{"unknown session subroute", http.MethodPut, "/v1/sessions/abcdefghijkl/nope"},
 		{"wrong method", http.MethodDelete, "/v1/health"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

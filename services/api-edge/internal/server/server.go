@@ -74,6 +74,8 @@ func New(ctx context.Context, o Options) *Server {
 	v1.POST("/sessions/:id/workspace", s.postWorkspace)
 	v1.GET("/sessions/:id/workspace/file", s.getWorkspaceFile)
 	v1.POST("/sessions/:id/reload", s.reload)
+	v1.POST("/sessions/:id/resume", s.resume)
+	v1.PUT("/sessions/:id/apps", s.putApps)
 	s.engine = e
 	return s
 }

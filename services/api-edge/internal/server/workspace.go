@@ -308,3 +308,128 @@ func (s *Server) reload(c *gin.Context) {
 	}
 	c.JSON(http.StatusAccepted, gin.H{"reloaded": names})
 }
+
+// resume is POST /v1/sessions/:id/resume (4.13): the suspended session
+// starts again under the same id, its workspace restored from the
+// checkpoint before any app's first generation.
+func (s *Server) resume(c *gin.Context) {
+	id := c.Param("id")
+	ctx := c.Request.Context()
+	notSuspended := contract.Errorf("not_suspended", "session '%s' is not suspended", id)
+	rec, _, err := s.store.Get(ctx, id)
+	if errors.Is(err, session.ErrNotFound) || (err == nil && rec.Status.Kind != contract.StatusSuspended) {
+		s.fail(c, notSuspended)
+		return
+	}
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	if _, err := s.store.Checkpoints.Get(ctx, id); err != nil {
+		s.fail(c, contract.Errorf("no_checkpoint", "session '%s' was suspended before any checkpoint existed", id))
+		return
+	}
+	// 19.20: resume re-checks the watch ceiling.
+	if n, err := s.store.CountLiveWatch(ctx); err != nil {
+		s.fail(c, err)
+		return
+	} else if n >= s.cfg.Watch.MaxSessions {
+		s.fail(c, contract.Errorf("too_many_watch_sessions", "runner is at its limit of %d live watch sessions", s.cfg.Watch.MaxSessions))
+		return
+	}
+	_, err = s.store.SetStatus(ctx, id, contract.Status{Kind: contract.StatusStarting}, func(r *session.Record) error {
+		if r.Status.Kind != contract.StatusSuspended {
+			return notSuspended
+		}
+		for i := range r.Apps {
+			r.Apps[i].Trigger = contract.TriggerResume
+		}
+		// A resumed session gets a fresh idle window (13.2).
+		now := time.Now().UTC()
+		r.Workspace, r.IdleSince, r.SuspendedAt = "", &now, nil
+		return nil
+	})
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	if err := s.publishStart(ctx, id); err != nil {
+		s.fail(c, err)
+		return
+	}
+	c.JSON(http.StatusAccepted, gin.H{"sessionId": id})
+}
+
+// putApps is PUT /v1/sessions/:id/apps (4.12). The owning driver
+// checkpoints, recreates the workload with the new set and re-seeds it;
+// the route answers 202 once the driver has taken the change, and the
+// outcome arrives on the event stream (the contract allows this instead of
+// holding the request for minutes).
+func (s *Server) putApps(c *gin.Context) {
+	data, ok := s.readBody(c)
+	if !ok {
+		return
+	}
+	body, err := parseObject(data, "body")
+	var specs []contract.AppSpec
+	if err == nil {
+		var items []any
+		if items, _, err = body.array("apps", true); err == nil {
+			if len(items) < 1 {
+				err = schemaErrf("body/apps must NOT have fewer than 1 items")
+			}
+			for i, it := range items {
+				if err != nil {
+					break
+				}
+				var o obj
+				if o, err = asObject(it, fmt.Sprintf("body/apps/%d", i)); err == nil {
+					var a contract.AppSpec
+					if a, err = parseAppSpec(o); err == nil {
+						specs = append(specs, a)
+					}
+				}
+			}
+		}
+	}
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	rec, ok := s.watchSession(c)
+	if !ok {
+		return
+	}
+	if !live(rec) {
+		s.fail(c, notRunning(rec))
+		return
+	}
+	apps, err := resolveApps(specs)
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	change := session.AppsChange{Apps: apps}
+	// 19.20: the manifest-wins rule applies to an app-set change too.
+	if a := rec.Launch.AgentSpec; a != nil {
+		if owner := portOwner(apps, contract.PortMapping{Port: a.Port, Protocol: "tcp"}); owner != "" {
+			change.DropAgent = true
+			change.Notices = append(change.Notices, fmt.Sprintf("co-resident agent %q was stopped: app %q declares its port tcp/%d", a.Name, owner, a.Port))
+		}
+	}
+	payload, _ := json.Marshal(change)
+	hdr := nats.Header{}
+	if err := s.ctlData(c.Request.Context(), rec.ID, bus.CtlApps, payload, hdr, 60*time.Second); err != nil {
+		if errors.Is(err, nats.ErrNoResponders) {
+			s.fail(c, notRunning(rec))
+			return
+		}
+		s.fail(c, err)
+		return
+	}
+	names := make([]string, 0, len(apps))
+	for _, a := range apps {
+		names = append(names, a.Name)
+	}
+	c.JSON(http.StatusAccepted, gin.H{"apps": names})
+}

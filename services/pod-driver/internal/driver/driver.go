@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/checkpoint"
 	"github.com/telorunner/telorunner/pkg/session"
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend"
 )
@@ -30,6 +31,8 @@ type Options struct {
 	Logger   *slog.Logger
 	OwnerTTL time.Duration
 	Registry prometheus.Registerer
+	// Checkpoints restores watch sessions (resume, app-set change).
+	Checkpoints *checkpoint.Store
 }
 
 // Driver runs sessions it owns.

@@ -2,8 +2,10 @@ package driver
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -31,8 +33,9 @@ type owned struct {
 	ctx    context.Context // ends when the session is released
 	cancel context.CancelFunc
 
-	pumps map[string]*iopump.Pump
-	proj  *projection.Projection
+	pumpMu sync.Mutex
+	pumps  map[string]*iopump.Pump
+	proj   *projection.Projection
 
 	events  chan contract.Event // ordered emission queue
 	evDone  chan struct{}
@@ -40,7 +43,7 @@ type owned struct {
 
 	mu       sync.Mutex
 	w        backend.Workload
-	stopReq  bool
+	next     intent
 	shutdown atomic.Bool // driver shutting down: end as stopped
 }
 
@@ -121,16 +124,26 @@ func (o *owned) run(ownerRev uint64) {
 		o.log.Error("serve control", "err", err)
 	}
 
-	final := o.start()
+	final := o.lifecycle()
 
 	// Everything the workload wrote and reported lands before the
 	// terminal status.
+	o.pumpMu.Lock()
 	for _, p := range o.pumps {
 		p.Close()
 	}
+	o.pumpMu.Unlock()
 	o.flush()
 	if final != nil {
-		if _, err := o.store.SetStatus(context.Background(), o.id, *final, nil); err != nil && !errors.Is(err, session.ErrTerminal) {
+		var mark func(*session.Record) error
+		if final.Kind == contract.StatusSuspended {
+			mark = func(r *session.Record) error {
+				now := time.Now().UTC()
+				r.SuspendedAt, r.Workspace = &now, ""
+				return nil
+			}
+		}
+		if _, err := o.store.SetStatus(context.Background(), o.id, *final, mark); err != nil && !errors.Is(err, session.ErrTerminal) {
 			o.log.Error("set final status", "err", err)
 		}
 	}
@@ -144,49 +157,129 @@ func (o *owned) run(ownerRev uint64) {
 	_ = o.store.Owners.Delete(context.Background(), o.id)
 }
 
-// start launches the workload and waits for it to end; it returns the
-// terminal status to record.
-func (o *owned) start() *contract.Status {
-	bundle, err := o.store.GetBundle(o.ctx, o.id)
+// intent is what the session should do when its workload next ends.
+type intent int
+
+const (
+	intentNone     intent = iota
+	intentStop            // DELETE or driver shutdown: end as stopped
+	intentSuspend         // idle: end as suspended, record kept
+	intentRecreate        // app-set change: start again with the new set
+)
+
+// lifecycle runs workloads until the session ends and returns the status
+// to record: one workload, or several when the app set changes.
+func (o *owned) lifecycle() *contract.Status {
+	for {
+		if st := o.runOnce(); st != nil {
+			return st
+		}
+	}
+}
+
+// spec builds the launch spec from the record. A watch session with a
+// checkpoint starts from it (resume, app-set change); otherwise from the
+// bundle.
+func (o *owned) spec() (backend.Spec, error) {
+	rec := o.record()
+	bundle, err := o.bundle(rec)
+	if err != nil {
+		return backend.Spec{}, err
+	}
+	spec := backend.Spec{
+		SessionID: o.id, Mode: rec.Mode, Bundle: bundle, Env: rec.Launch.Env,
+		Config: rec.Launch.Config, Inspect: rec.Launch.Inspect, SelfContained: rec.Launch.SelfContained,
+	}
+	for _, a := range rec.Apps {
+		spec.Apps = append(spec.Apps, backend.App{Name: a.Name, Entry: a.Entry, Ports: a.Ports, IO: a.IO})
+	}
+	if a := rec.Launch.AgentSpec; a != nil && rec.Mode == contract.ModeWatch {
+		spec.Agent = &backend.Agent{Name: a.Name, Image: a.Image, Env: a.Env, PullPolicy: a.PullPolicy, Port: a.Port}
+	}
+	return spec, nil
+}
+
+func (o *owned) bundle(rec session.Record) (contract.Bundle, error) {
+	if rec.Mode == contract.ModeWatch && o.d.o.Checkpoints != nil {
+		m, ok, err := o.d.o.Checkpoints.Load(o.ctx, o.id)
+		if err != nil {
+			return contract.Bundle{}, fmt.Errorf("load checkpoint: %w", err)
+		}
+		if ok {
+			entry := "telo.yaml"
+			if len(rec.Apps) > 0 {
+				entry = rec.Apps[0].Entry
+			}
+			b := contract.Bundle{EntryRelativePath: entry, Files: make([]contract.BundleFile, 0, len(m.Files))}
+			for f, err := range o.d.o.Checkpoints.Files(o.ctx, m) {
+				if err != nil {
+					return contract.Bundle{}, fmt.Errorf("restore checkpoint: %w", err)
+				}
+				b.Files = append(b.Files, contract.BundleFile{RelativePath: f.Path, Contents: base64.StdEncoding.EncodeToString(f.Content), Encoding: "base64"})
+			}
+			return b, nil
+		}
+	}
+	b, err := o.store.GetBundle(o.ctx, o.id)
+	if err != nil {
+		return b, fmt.Errorf("get bundle: %w", err)
+	}
+	return b, nil
+}
+
+// runOnce starts one workload and waits for it to end. It returns the
+// status to record, or nil when the session goes on with a new workload.
+func (o *owned) runOnce() *contract.Status {
+	spec, err := o.spec()
 	if err != nil {
 		return &contract.Status{Kind: contract.StatusFailed, Message: "start: " + err.Error()}
 	}
-	spec := backend.Spec{
-		SessionID: o.id, Mode: o.rec.Mode, Bundle: bundle, Env: o.rec.Launch.Env,
-		Config: o.rec.Launch.Config, Inspect: o.rec.Launch.Inspect, SelfContained: o.rec.Launch.SelfContained,
-	}
-	for _, a := range o.rec.Apps {
-		spec.Apps = append(spec.Apps, backend.App{Name: a.Name, Entry: a.Entry, Ports: a.Ports, IO: a.IO})
-	}
-	if a := o.rec.Launch.AgentSpec; a != nil && o.rec.Mode == contract.ModeWatch {
-		spec.Agent = &backend.Agent{Name: a.Name, Image: a.Image, Env: a.Env, PullPolicy: a.PullPolicy, Port: a.Port}
-	}
 	o.d.m.started.Inc()
 	app := ""
-	if o.rec.Mode == contract.ModeRun {
-		app = o.rec.Apps[0].Name
+	if spec.Mode == contract.ModeRun {
+		app = spec.Apps[0].Name
 	}
 	o.Progress(contract.PhaseProvision, "Starting workload", false, app)
 	w, err := o.d.o.Backend.Start(o.ctx, spec, o)
 	if err != nil {
 		o.d.m.failed.Inc()
-		if o.stopped() {
-			return &contract.Status{Kind: contract.StatusStopped}
+		if in := o.intent(); in == intentStop || in == intentSuspend {
+			return o.endStatus(in, backend.Exit{Stopped: true})
 		}
 		return &contract.Status{Kind: contract.StatusFailed, Message: err.Error()}
 	}
 	o.mu.Lock()
 	o.w = w
-	stop := o.stopReq
+	in := o.next
 	o.mu.Unlock()
-	if stop || o.userStopped() {
-		// DELETE arrived while starting (4.4.4): stop the new workload now.
+	if in != intentNone || o.userStopped() {
+		// DELETE (or suspend, or a change) arrived while starting (4.4.4):
+		// stop the new workload now.
 		_ = w.Stop(context.Background())
 	}
 	<-w.Done()
-	exit := w.Exit()
+	o.mu.Lock()
+	o.w = nil
+	in = o.next
+	if in == intentRecreate {
+		o.next = intentNone
+	}
+	o.mu.Unlock()
+	// The workload's processes are gone: open generations end with them
+	// (the next kernel opens the next generation).
+	o.proj.Reset()
+	if in == intentRecreate {
+		return nil
+	}
+	return o.endStatus(in, w.Exit())
+}
+
+// endStatus maps how a workload ended to the session's status.
+func (o *owned) endStatus(in intent, exit backend.Exit) *contract.Status {
 	switch {
-	case exit.Stopped || o.stopped() || o.userStopped():
+	case in == intentSuspend:
+		return &contract.Status{Kind: contract.StatusSuspended}
+	case exit.Stopped || in == intentStop || o.shutdown.Load() || o.userStopped():
 		return &contract.Status{Kind: contract.StatusStopped}
 	case exit.Err != nil:
 		return &contract.Status{Kind: contract.StatusFailed, Message: exit.Err.Error()}
@@ -201,10 +294,17 @@ func (o *owned) start() *contract.Status {
 	}
 }
 
-func (o *owned) stopped() bool {
+func (o *owned) intent() intent {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.stopReq || o.shutdown.Load()
+	return o.next
+}
+
+// record is the session record as this owner last wrote or read it.
+func (o *owned) record() session.Record {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.rec
 }
 
 func (o *owned) userStopped() bool {
@@ -212,20 +312,29 @@ func (o *owned) userStopped() bool {
 	return err == nil && rec.UserStopped
 }
 
-// requestStop stops the workload (or the start in progress).
-func (o *owned) requestStop(ctx context.Context) error {
+// end asks the workload to end with intent in (or, when it is still
+// starting, makes the start stop it as soon as it runs).
+func (o *owned) end(ctx context.Context, in intent) error {
 	o.mu.Lock()
-	o.stopReq = true
+	if o.next == intentNone || in == intentStop {
+		o.next = in
+	}
 	w := o.w
 	o.mu.Unlock()
 	if w == nil {
-		o.cancel() // abort the start; the workload never runs
+		if in == intentStop {
+			o.cancel() // abort the start; the workload never runs
+		}
 		return nil
 	}
 	return w.Stop(ctx)
 }
 
-// shutdownStop is the driver's clean exit: every session it owns stops.
+// requestStop stops the workload (or the start in progress).
+func (o *owned) requestStop(ctx context.Context) error { return o.end(ctx, intentStop) }
+
+// shutdownStop is the driver's clean exit: every session it owns stops
+// (contract 5.8).
 func (o *owned) shutdownStop() {
 	o.shutdown.Store(true)
 	_, _ = o.store.Update(context.Background(), o.id, func(r *session.Record) error {
@@ -330,6 +439,27 @@ func (o *owned) handleCtl(req micro.Request) {
 		defer cancel()
 		if err := o.requestStop(ctx); err != nil {
 			respondErr(req, "stop_failed", err.Error())
+			return
+		}
+		respondOK(req)
+	case bus.CtlSuspend:
+		// The supervisor took a checkpoint first; the workload goes, the
+		// record stays (13.4).
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := o.end(ctx, intentSuspend); err != nil {
+			respondErr(req, "suspend_failed", err.Error())
+			return
+		}
+		respondOK(req)
+	case bus.CtlApps:
+		var change session.AppsChange
+		if err := json.Unmarshal(req.Data(), &change); err != nil || len(change.Apps) == 0 {
+			respondErr(req, "invalid_request", "undecodable app set")
+			return
+		}
+		if err := o.changeApps(change); err != nil {
+			respondErr(req, "set_apps_failed", err.Error())
 			return
 		}
 		respondOK(req)

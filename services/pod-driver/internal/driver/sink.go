@@ -21,7 +21,8 @@ func (o *owned) Running(endpoints []contract.Endpoint) {
 		endpoints = []contract.Endpoint{}
 	}
 	st := contract.Status{Kind: contract.StatusRunning, Endpoints: endpoints}
-	if a := o.rec.Launch.AgentSpec; a != nil && o.rec.Mode == contract.ModeWatch {
+	if rec := o.record(); rec.Launch.AgentSpec != nil && rec.Mode == contract.ModeWatch {
+		a := rec.Launch.AgentSpec
 		st.Agent = &contract.Endpoint{Host: "", Port: a.Port, Protocol: "tcp"}
 	}
 	_, err := o.store.SetStatus(context.Background(), o.id, st, nil)
@@ -31,7 +32,10 @@ func (o *owned) Running(endpoints []contract.Endpoint) {
 }
 
 func (o *owned) Output(app string, tag byte, p []byte) {
-	if pump, ok := o.pumps[app]; ok {
+	o.pumpMu.Lock()
+	pump, ok := o.pumps[app]
+	o.pumpMu.Unlock()
+	if ok {
 		pump.Write(tag, p)
 	}
 }

@@ -172,3 +172,21 @@ func (p *Projection) closeLocked(app string, code *int, reason string) {
 	s.startedAt = nil
 	p.emit(ev)
 }
+
+// Reset forgets every open generation without an outcome: the workload
+// that ran them is gone (suspend, app-set change), and the next kernel's
+// Kernel.Starting opens the next generation.
+func (p *Projection) Reset() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, s := range p.apps {
+		s.startedAt = nil
+	}
+}
+
+// Forget drops an app removed from the session.
+func (p *Projection) Forget(app string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.apps, app)
+}

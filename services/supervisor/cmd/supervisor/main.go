@@ -5,8 +5,6 @@ package main
 import (
 	"fmt"
 	"os"
-	"strconv"
-	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -16,14 +14,10 @@ import (
 )
 
 func main() {
-	cfg := supervisor.Config{}
-	if v := os.Getenv("RUNNER_EXIT_TTL_MS"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n <= 0 {
-			fmt.Fprintf(os.Stderr, "RUNNER_EXIT_TTL_MS: must be a positive integer, got %q\n", v)
-			os.Exit(2)
-		}
-		cfg.ExitTTL = time.Duration(n) * time.Millisecond
+	cfg, err := supervisor.LoadConfig(os.LookupEnv)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
 	}
 	url := os.Getenv("RUNNER_NATS_URL")
 	if url == "" {
@@ -41,7 +35,7 @@ func main() {
 	defer nc.Close()
 	reg := obs.NewRegistry()
 	go func() { _ = obs.Serve(ctx, os.Getenv("RUNNER_OPS_ADDR"), reg, nil) }()
-	if err := supervisor.Run(ctx, cfg, supervisor.Deps{NC: nc, Logger: log}); err != nil {
+	if err := supervisor.Run(ctx, cfg, supervisor.Deps{NC: nc, Logger: log, Registry: reg}); err != nil {
 		log.Error("supervisor stopped", "err", err)
 		os.Exit(1)
 	}

@@ -1,0 +1,272 @@
+package e2e
+
+import (
+	"context"
+	"encoding/base64"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/telorunner/telorunner/pkg/bus"
+)
+
+var fastSupervisor = map[string]string{
+	"RUNNER_WATCH_IDLE_SECONDS":           "3",
+	"RUNNER_WORKSPACE_CHECKPOINT_SECONDS": "1",
+	"RUNNER_SUPERVISOR_TICK_MS":           "200",
+}
+
+func merge(ms ...map[string]string) map[string]string {
+	out := map[string]string{}
+	for _, m := range ms {
+		for k, v := range m {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// waitStatus polls GET /v1/sessions/:id (plain requests do not count as
+// presence) until the status kind is want.
+func waitStatus(t *testing.T, r *runner, id, want string, timeout time.Duration) map[string]any {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var doc map[string]any
+	for {
+		resp := do(t, "GET", r.URL+"/v1/sessions/"+id, nil, nil)
+		if resp.Status == 200 {
+			resp.json(t, &doc)
+			if doc["status"].(map[string]any)["kind"] == want {
+				return doc
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("session %s did not reach %s within %v; last %d %s", id, want, timeout, resp.Status, resp.Body)
+		}
+		time.Sleep(50 * time.Millisecond) //nolint:forbidigo // polling an HTTP status with a deadline
+	}
+}
+
+func tree(t *testing.T, r *runner, id string) string {
+	t.Helper()
+	resp := do(t, "GET", r.URL+"/v1/sessions/"+id+"/workspace", nil, nil)
+	if resp.Status != 200 {
+		t.Fatalf("GET workspace = %d %s", resp.Status, resp.Body)
+	}
+	return string(resp.Body)
+}
+
+var binaryContent = string([]byte{0, 1, 2, 255, 254, 10, 13, 0x80, 'x'})
+
+func seedWatch(t *testing.T, r *runner) createdResp {
+	t.Helper()
+	c := r.create(t, watchBody(map[string]string{"telo.yaml": manifest("sleepy", nil, nil), "notes/a.txt": "alpha\n"}, []app{{Name: "app", Entry: "telo.yaml"}}, ""))
+	waitStatus(t, r, c.SessionID, "running", 60*time.Second)
+	// Edits after creation (including a binaryContent file) must survive suspend.
+	resp := do(t, "POST", r.URL+"/v1/sessions/"+c.SessionID+"/workspace", map[string]any{"write": []map[string]any{
+		{"path": "notes/b.bin", "content": base64.StdEncoding.EncodeToString([]byte(binaryContent)), "encoding": "base64"},
+		{"path": "notes/a.txt", "content": "alpha edited\n"},
+	}}, nil)
+	if resp.Status != 200 {
+		t.Fatalf("write = %d %s", resp.Status, resp.Body)
+	}
+	return c
+}
+
+func assertResumed(t *testing.T, r *runner, id, wantTree string) {
+	t.Helper()
+	if resp := do(t, "POST", r.URL+"/v1/sessions/"+id+"/resume", nil, nil); resp.Status != http.StatusAccepted || string(resp.Body) != `{"sessionId":"`+id+`"}` {
+		t.Fatalf("resume = %d %s", resp.Status, resp.Body)
+	}
+	waitStatus(t, r, id, "running", 60*time.Second)
+	if got := tree(t, r, id); got != wantTree {
+		t.Fatalf("tree after resume = %s, want %s", got, wantTree)
+	}
+	var f struct{ Content string }
+	do(t, "GET", r.URL+"/v1/sessions/"+id+"/workspace/file?path=notes/b.bin&encoding=base64", nil, nil).json(t, &f)
+	if got, _ := base64.StdEncoding.DecodeString(f.Content); string(got) != binaryContent {
+		t.Fatalf("binary after resume = %v, want %v", got, []byte(binaryContent))
+	}
+	// The run history: a generation attributed resume, ids continuing.
+	s := openSSE(t, r.URL+"/v1/sessions/"+id+"/events", nil)
+	evs := s.until(t, 30*time.Second, func(e sseEvent) bool {
+		return e.Event == "run" && strings.Contains(e.Data, `"trigger":"resume"`)
+	})
+	if !strings.Contains(evs[len(evs)-1].Data, `"generation":2`) {
+		t.Fatalf("resume generation = %s, want generation 2", evs[len(evs)-1].Data)
+	}
+	sawSuspended := false
+	for _, e := range evs {
+		if isStatus("suspended")(e) {
+			sawSuspended = true
+		}
+	}
+	if !sawSuspended {
+		t.Fatalf("history lacks the suspended status: %s", summarize(evs))
+	}
+	s.Close()
+}
+
+func TestIdleSuspendAndResume(t *testing.T) {
+	r := watchRunner(t, fastSupervisor)
+	c := seedWatch(t, r)
+	before := tree(t, r, c.SessionID)
+	waitStatus(t, r, c.SessionID, "suspended", 30*time.Second)
+	for _, path := range []string{"/workspace", "/reload"} {
+		method := "GET"
+		if path == "/reload" {
+			method = "POST"
+		}
+		if resp := do(t, method, r.URL+"/v1/sessions/"+c.SessionID+path, nil, nil); resp.Status != 409 || !strings.Contains(string(resp.Body), "not_running") {
+			t.Fatalf("%s on suspended = %d %s, want 409 not_running", path, resp.Status, resp.Body)
+		}
+	}
+	assertResumed(t, r, c.SessionID, before)
+	if resp := do(t, "POST", r.URL+"/v1/sessions/"+c.SessionID+"/resume", nil, nil); resp.Status != 404 || !strings.Contains(string(resp.Body), "not_suspended") {
+		t.Fatalf("resume of a running session = %d %s, want 404 not_suspended", resp.Status, resp.Body)
+	}
+}
+
+// The reference answers 404 here: its registry and checkpoints are in
+// memory. Ours survive the whole process.
+func TestResumeAfterFullRestart(t *testing.T) {
+	dir := t.TempDir()
+	vars := merge(fastSupervisor, map[string]string{"RUNNER_WATCH_SESSIONS": "true", "RUNNER_DATA_DIR": dir})
+	r := startRunner(t, vars)
+	c := seedWatch(t, r)
+	before := tree(t, r, c.SessionID)
+	waitStatus(t, r, c.SessionID, "suspended", 30*time.Second)
+	r.stop()
+
+	r2 := startRunner(t, merge(vars))
+	waitStatus(t, r2, c.SessionID, "suspended", 10*time.Second)
+	assertResumed(t, r2, c.SessionID, before)
+}
+
+// An open SSE or io client, on either of two edges, keeps a session from
+// suspending; a session nobody watches suspends.
+func TestPresenceKeepsSessionsAwake(t *testing.T) {
+	r := watchRunner(t, fastSupervisor)
+	other := startEdge(t, r.NATSURL, map[string]string{"RUNNER_WATCH_SESSIONS": "true"})
+	body := func(name string) map[string]any {
+		return watchBody(map[string]string{"telo.yaml": manifest(name, nil, nil)}, []app{{Name: "app", Entry: "telo.yaml"}}, "")
+	}
+	withSSE := r.create(t, body("sse"))
+	withIO := r.create(t, body("io"))
+	alone := r.create(t, body("alone"))
+	sse := openSSE(t, other+withSSE.StreamURL, nil)
+	sse.until(t, 60*time.Second, isStatus("running"))
+	waitStatus(t, r, withIO.SessionID, "running", 60*time.Second)
+	io := openIO(t, wsURL(r.URL)+"/v1/sessions/"+withIO.SessionID+"/io", nil)
+	<-io.Frames
+	waitStatus(t, r, alone.SessionID, "suspended", 30*time.Second)
+	// Well past the idle window, the watched ones are still running.
+	deadline := time.Now().Add(4 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, id := range []string{withSSE.SessionID, withIO.SessionID} {
+			var doc map[string]any
+			do(t, "GET", r.URL+"/v1/sessions/"+id, nil, nil).json(t, &doc)
+			if k := doc["status"].(map[string]any)["kind"]; k != "running" {
+				t.Fatalf("watched session %s is %v", id, k)
+			}
+		}
+		time.Sleep(100 * time.Millisecond) //nolint:forbidigo // observing that nothing happens for a while
+	}
+	sse.Close()
+	_ = io.Close()
+	waitStatus(t, r, withSSE.SessionID, "suspended", 30*time.Second)
+	waitStatus(t, r, withIO.SessionID, "suspended", 30*time.Second)
+}
+
+func TestPutAppsAddsAndRemoves(t *testing.T) {
+	r := watchRunner(t, nil)
+	files := map[string]string{"a/telo.yaml": manifest("a", nil, nil), "b/telo.yaml": manifest("b", nil, nil), "c/telo.yaml": manifest("c", nil, nil), "keep.txt": "keep me\n"}
+	c := r.create(t, watchBody(files, []app{{Name: "a", Entry: "a/telo.yaml"}, {Name: "b", Entry: "b/telo.yaml"}}, ""))
+	sse := openSSE(t, r.URL+c.StreamURL, nil)
+	sse.until(t, 60*time.Second, isStatus("running"))
+	sse.until(t, 30*time.Second, isRun("a", "started", 1))
+	writeFiles(t, r, c.SessionID, map[string]string{"later.txt": "written later\n"})
+	before := tree(t, r, c.SessionID)
+
+	bad := do(t, "PUT", r.URL+"/v1/sessions/"+c.SessionID+"/apps", map[string]any{"apps": []map[string]any{{"name": "workspace", "entryRelativePath": "a/telo.yaml"}}}, nil)
+	if bad.Status != 400 || !strings.Contains(string(bad.Body), "reserved_app_name") {
+		t.Fatalf("PUT reserved = %d %s", bad.Status, bad.Body)
+	}
+	resp := do(t, "PUT", r.URL+"/v1/sessions/"+c.SessionID+"/apps", map[string]any{"apps": []map[string]any{
+		{"name": "a", "entryRelativePath": "a/telo.yaml"}, {"name": "c", "entryRelativePath": "c/telo.yaml", "io": "streams"},
+	}}, nil)
+	if resp.Status != 202 || string(resp.Body) != `{"apps":["a","c"]}` {
+		t.Fatalf("PUT apps = %d %s", resp.Status, resp.Body)
+	}
+	evs := sse.until(t, 60*time.Second, isRun("c", "started", 1))
+	if !strings.Contains(evs[len(evs)-1].Data, `"trigger":"resume"`) {
+		t.Fatalf("new app run = %s, want trigger resume", evs[len(evs)-1].Data)
+	}
+	sse.until(t, 30*time.Second, isRun("a", "started", 2))
+	waitStatus(t, r, c.SessionID, "running", 30*time.Second)
+	if got := tree(t, r, c.SessionID); got != before {
+		t.Fatalf("tree after PUT apps = %s, want %s", got, before)
+	}
+	var doc struct {
+		Apps []struct {
+			Name       string
+			IO         string
+			Generation int
+		}
+	}
+	do(t, "GET", r.URL+"/v1/sessions/"+c.SessionID, nil, nil).json(t, &doc)
+	if len(doc.Apps) != 2 || doc.Apps[0].Name != "a" || doc.Apps[1].Name != "c" || doc.Apps[1].IO != "streams" || doc.Apps[0].Generation != 2 {
+		t.Fatalf("apps after PUT = %+v", doc.Apps)
+	}
+	io := openIO(t, wsURL(r.URL)+"/v1/sessions/"+c.SessionID+"/io?app=b", nil)
+	if code, _, _ := io.closeCode(t, 10*time.Second); code != 4404 {
+		t.Fatalf("io of removed app = %d, want 4404", code)
+	}
+}
+
+// Evicted sessions leave no record, subjects, bundle or checkpoint.
+func TestSuspendedTTLEvictsEverything(t *testing.T) {
+	r := watchRunner(t, merge(fastSupervisor, map[string]string{"RUNNER_WATCH_SUSPENDED_TTL_SECONDS": "1"}))
+	c := seedWatch(t, r)
+	waitStatus(t, r, c.SessionID, "suspended", 30*time.Second)
+	deadline := time.Now().Add(30 * time.Second)
+	for do(t, "GET", r.URL+"/v1/sessions/"+c.SessionID, nil, nil).Status != 404 {
+		if time.Now().After(deadline) {
+			t.Fatal("suspended session not evicted")
+		}
+		time.Sleep(50 * time.Millisecond) //nolint:forbidigo // polling with a deadline
+	}
+	nc, err := nats.Connect(r.NATSURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	for stream, subject := range map[string]string{bus.StreamEvents: bus.EventsSubject(c.SessionID), bus.StreamIO: bus.IOSubjects(c.SessionID)} {
+		s, _ := js.Stream(ctx, stream)
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(subject))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(info.State.Subjects) != 0 {
+			t.Errorf("%s still holds %v", stream, info.State.Subjects)
+		}
+	}
+	bundles, _ := js.ObjectStore(ctx, bus.ObjectBundles)
+	if _, err := bundles.GetInfo(ctx, c.SessionID); err == nil {
+		t.Error("bundle still stored")
+	}
+	cps, _ := js.KeyValue(ctx, bus.BucketCheckpoints)
+	if _, err := cps.Get(ctx, c.SessionID); err == nil {
+		t.Error("checkpoint manifest still stored")
+	}
+	sessions, _ := js.KeyValue(ctx, bus.BucketSessions)
+	if _, err := sessions.Get(ctx, c.SessionID); err == nil {
+		t.Error("record still stored")
+	}
+}
