@@ -1,7 +1,7 @@
 # telorunner — `make help` lists the targets.
 SHELL := /bin/bash
 GO ?= go
-MODULES := pkg services/api-edge services/pod-driver services/supervisor services/workspace-proxy services/telorunner
+MODULES := pkg services/api-edge services/pod-driver services/supervisor services/workspace-proxy services/telorunner bench
 BIN := $(CURDIR)/bin
 TOOLS := $(CURDIR)/.tools/bin
 GOLANGCI_VERSION := v2.15.0
@@ -40,7 +40,7 @@ $(TOOLS)/golangci-lint:
 	GOBIN=$(TOOLS) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_VERSION)
 
 bench: ## benchmarks (figures printed as ratios against in-run baselines)
-	cd services/telorunner && GOWORK=off $(GO) test -run '^$$' -bench . -benchmem ./bench/...
+	cd bench && GOWORK=off $(GO) test -count=1 -run 'TestPrint' -v -bench . -benchtime=3x ./...
 
 clean: ## remove build output and local state
 	rm -rf $(BIN) .telorunner

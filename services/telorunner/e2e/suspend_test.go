@@ -202,11 +202,21 @@ func TestPutAppsAddsAndRemoves(t *testing.T) {
 	if resp.Status != 202 || string(resp.Body) != `{"apps":["a","c"]}` {
 		t.Fatalf("PUT apps = %d %s", resp.Status, resp.Body)
 	}
-	evs := sse.until(t, 60*time.Second, isRun("c", "started", 1))
-	if !strings.Contains(evs[len(evs)-1].Data, `"trigger":"resume"`) {
-		t.Fatalf("new app run = %s, want trigger resume", evs[len(evs)-1].Data)
-	}
-	sse.until(t, 30*time.Second, isRun("a", "started", 2))
+	var sawA, sawC bool
+	sse.until(t, 60*time.Second, func(e sseEvent) bool {
+		switch {
+		case isRun("c", "started", 1)(e):
+			sawC = true
+		case isRun("a", "started", 2)(e):
+			sawA = true
+		default:
+			return false
+		}
+		if !strings.Contains(e.Data, `"trigger":"resume"`) {
+			t.Fatalf("run after PUT apps = %s, want trigger resume", e.Data)
+		}
+		return sawA && sawC
+	})
 	waitStatus(t, r, c.SessionID, "running", 30*time.Second)
 	if got := tree(t, r, c.SessionID); got != before {
 		t.Fatalf("tree after PUT apps = %s, want %s", got, before)

@@ -24,6 +24,9 @@ func newCheckpointStore(ctx context.Context, js jetstream.JetStream) (*checkpoin
 // Binding is two stream lookups; a proxy that holds a store from
 // newCheckpointStore can return it here instead.
 func (p *proxy) checkpoints(ctx context.Context) (*checkpoint.Store, error) {
+	if p.ckpt != nil {
+		return p.ckpt, nil
+	}
 	st, err := newCheckpointStore(ctx, p.store.JS)
 	if err != nil {
 		return nil, contract.Errorf("workspace_error", "%v", err)

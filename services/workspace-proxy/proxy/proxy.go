@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/checkpoint"
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/session"
 	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsclient"
@@ -60,7 +61,11 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	if err != nil {
 		return err
 	}
-	p := &proxy{store: store, log: log, sem: make(chan struct{}, cfg.MaxInFlight), hc: &http.Client{}}
+	cps, err := newCheckpointStore(ctx, js)
+	if err != nil {
+		return err
+	}
+	p := &proxy{store: store, ckpt: cps, log: log, sem: make(chan struct{}, cfg.MaxInFlight), hc: &http.Client{}}
 	svc, err := micro.AddService(d.NC, micro.Config{
 		Name: bus.ServiceWS, Version: "0.1.0",
 		Description: "Workspace operations of watch sessions",
@@ -81,6 +86,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 
 type proxy struct {
 	store *session.Store
+	ckpt  *checkpoint.Store
 	log   *slog.Logger
 	sem   chan struct{}
 	wg    sync.WaitGroup
@@ -95,7 +101,11 @@ func (p *proxy) handle(req micro.Request) {
 	go func() {
 		defer p.wg.Done()
 		defer func() { <-p.sem }()
-		ctx, cancel := context.WithTimeout(context.Background(), wsclient.Timeout+5*time.Second)
+		timeout := wsclient.Timeout + 5*time.Second
+		if op := bus.CtlVerb(req.Subject()); op == bus.WSCheckpoint || op == bus.WSRestore {
+			timeout = 5 * time.Minute // a first checkpoint of a large workspace moves everything
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
 		result, err := p.do(ctx, req)
 		var body []byte
