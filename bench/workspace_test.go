@@ -23,8 +23,9 @@ import (
 	"github.com/telorunner/telorunner/pkg/testkit"
 )
 
-// serverBin is the workspace-server binary TestMain builds.
-var serverBin string
+// serverBin and kernelBin are the workspace-server and devkernel binaries
+// TestMain builds.
+var serverBin, kernelBin string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "bench-bin-")
@@ -37,9 +38,14 @@ func TestMain(m *testing.M) {
 	// workspace-proxy (replace => ../services/workspace-proxy).
 	build := exec.Command("go", "build", "-o", serverBin, "github.com/telorunner/telorunner/services/workspace-proxy/cmd/workspace-server")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	kernelBin = filepath.Join(dir, "devkernel")
+	buildKernel := exec.Command("go", "build", "-o", kernelBin, "github.com/telorunner/telorunner/services/pod-driver/cmd/devkernel")
+	buildKernel.Stdout, buildKernel.Stderr = os.Stderr, os.Stderr
 	code := 1
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build workspace-server:", err)
+	} else if err := buildKernel.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build devkernel:", err)
 	} else {
 		code = m.Run()
 	}

@@ -16,6 +16,10 @@ import (
 // heartbeatEvery is the SSE comment heartbeat period (6.3).
 var heartbeatEvery = 20 * time.Second
 
+// sseFollowBuffer is how many live entries wait for one SSE client before
+// it is marked lagged and repaired from the log.
+var sseFollowBuffer = 1024
+
 // parsePosition parses a base-10 integer prefix; ok is false when nothing
 // parses or the value is negative (6.1, 7.1).
 func parsePosition(s string) (uint64, bool) {
@@ -57,20 +61,21 @@ func (s *Server) events(c *gin.Context) {
 		after, _ = parsePosition(c.Query("lastEventId"))
 	}
 	subject := bus.EventsSubject(id)
-	var tail uint64
-	terminal := rec.Status.Terminal()
-	if terminal {
-		if tail, err = s.store.Events.Tail(ctx, subject); err != nil {
-			s.fail(c, err)
-			return
-		}
-	}
-	reader, err := s.store.Events.Read(ctx, subject, after)
+	// Follow live entries first (buffered), then read the tail: every
+	// entry after it reaches the follower, every one up to it is replayed
+	// from the log — no gap, no duplicate (6.4, 19.36).
+	f, unfollow, err := s.hub.follow(subject, sseFollowBuffer)
 	if err != nil {
 		s.fail(c, err)
 		return
 	}
-	defer reader.Close()
+	defer unfollow()
+	tail, err := s.store.Events.Tail(ctx, subject)
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	terminal := rec.Status.Terminal()
 
 	w := c.Writer
 	h := w.Header()
@@ -80,25 +85,18 @@ func (s *Server) events(c *gin.Context) {
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	w.Flush()
-	if terminal && after >= tail {
+
+	st := &sseStream{w: w, last: after, first: true, buf: make([]byte, 0, 4096)}
+	if done, err := s.replay(ctx, st, subject, tail); done || err != nil || terminal {
 		return
 	}
 	s.m.sseClients.Inc()
 	defer s.m.sseClients.Dec()
-	if !terminal {
-		release := s.presence.Acquire(id)
-		defer release()
-	}
+	release := s.presence.Acquire(id)
+	defer release()
 
-	entries := make(chan readResult, 64)
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		pump(ctx, reader, entries)
-	}()
 	beat := time.NewTicker(heartbeatEvery)
 	defer beat.Stop()
-	buf := make([]byte, 0, 4096)
 	for {
 		select {
 		case <-ctx.Done():
@@ -108,34 +106,93 @@ func (s *Server) events(c *gin.Context) {
 				return
 			}
 			w.Flush()
-		case r, ok := <-entries:
-			if !ok || r.err != nil {
+		case e := <-f.ch:
+			if e.Seq <= st.last {
+				continue
+			}
+			if e.Seq > st.last+1 {
+				// Entries were dropped for this slow client, or arrived out
+				// of order: fill the hole from the log.
+				if done, err := s.replay(ctx, st, subject, e.Seq-1); done || err != nil {
+					return
+				}
+			}
+			done, err := st.write(e, false)
+			if err != nil || done {
 				return
 			}
-			buf = buf[:0]
-			if r.gap {
-				buf = append(buf, "event: gap\ndata: {\"reason\":\"buffer_evicted\"}\n\n"...)
+			if len(f.ch) == 0 {
+				w.Flush()
 			}
-			buf = append(buf, "id: "...)
-			buf = strconv.AppendUint(buf, r.e.Seq, 10)
-			buf = append(buf, "\nevent: "...)
-			buf = append(buf, r.e.Header.Get(bus.HeaderType)...)
-			buf = append(buf, "\ndata: "...)
-			buf = append(buf, r.e.Data...)
-			buf = append(buf, "\n\n"...)
-			if _, err := w.Write(buf); err != nil {
+		}
+		if f.lagged.Load() && len(f.ch) == 0 {
+			f.lagged.Store(false)
+			t, err := s.store.Events.Tail(ctx, subject)
+			if err != nil {
 				return
 			}
-			// Flush once the burst is written: replay goes out in large writes.
-			if len(entries) == 0 {
-				w.Flush()
-			}
-			if r.e.Header.Get(bus.HeaderTerminal) != "" || (terminal && r.e.Seq >= tail) {
-				w.Flush()
+			if done, err := s.replay(ctx, st, subject, t); done || err != nil {
 				return
 			}
 		}
 	}
+}
+
+// sseStream writes SSE frames, remembering the last id written.
+type sseStream struct {
+	w     gin.ResponseWriter
+	last  uint64
+	first bool
+	buf   []byte
+}
+
+// write frames one entry; done reports that it was a terminal status.
+func (st *sseStream) write(e bus.Entry, gap bool) (done bool, err error) {
+	b := st.buf[:0]
+	if gap && st.first {
+		b = append(b, "event: gap\ndata: {\"reason\":\"buffer_evicted\"}\n\n"...)
+	}
+	st.first = false
+	b = append(b, "id: "...)
+	b = strconv.AppendUint(b, e.Seq, 10)
+	b = append(b, "\nevent: "...)
+	b = append(b, e.Header.Get(bus.HeaderType)...)
+	b = append(b, "\ndata: "...)
+	b = append(b, e.Data...)
+	b = append(b, "\n\n"...)
+	st.buf = b
+	if _, err := st.w.Write(b); err != nil {
+		return false, err
+	}
+	st.last = e.Seq
+	if e.Header.Get(bus.HeaderTerminal) != "" {
+		st.w.Flush()
+		return true, nil
+	}
+	return false, nil
+}
+
+// replay writes the log's entries after st.last up to and including upTo.
+func (s *Server) replay(ctx context.Context, st *sseStream, subject string, upTo uint64) (done bool, err error) {
+	if upTo <= st.last {
+		return false, nil
+	}
+	r, err := s.store.Events.Read(ctx, subject, st.last)
+	if err != nil {
+		return false, err
+	}
+	defer r.Close()
+	for st.last < upTo {
+		e, gap, _, err := r.Next()
+		if err != nil {
+			return false, err
+		}
+		if done, err := st.write(e, gap); done || err != nil {
+			return done, err
+		}
+	}
+	st.w.Flush()
+	return false, nil
 }
 
 type readResult struct {

@@ -43,6 +43,7 @@ type Server struct {
 	engine   *gin.Engine
 	m        metrics
 	presence presence
+	hub      *hub
 
 	// ctx ends the long-lived streams on shutdown; wg waits for them.
 	ctx context.Context
@@ -54,6 +55,7 @@ func New(ctx context.Context, o Options) *Server {
 	gin.SetMode(gin.ReleaseMode)
 	s := &Server{cfg: o.Config, nc: o.NC, store: o.Store, log: o.Logger, edgeID: o.EdgeID, ctx: ctx}
 	s.m = newMetrics(o.Registry)
+	s.hub = newHub(o.NC)
 	e := gin.New()
 	e.Use(gin.Recovery(), s.cors())
 	e.HandleMethodNotAllowed = false

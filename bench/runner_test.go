@@ -1,0 +1,264 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/pkg/session"
+	"github.com/telorunner/telorunner/services/telorunner/allinone"
+)
+
+// runner is the all-in-one, in this process, on a random port.
+type runner struct {
+	url, natsURL string
+}
+
+func startRunner(tb testing.TB, vars map[string]string) runner {
+	tb.Helper()
+	vars["RUNNER_DATA_DIR"] = tb.TempDir()
+	vars["RUNNER_KERNEL_COMMAND"] = kernelBin
+	vars["RUNNER_WORKSPACE_SERVER_COMMAND"] = serverBin
+	cfg, err := allinone.LoadConfig(func(k string) (string, bool) { v, ok := vars[k]; return v, ok })
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- allinone.Run(ctx, cfg, allinone.Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Listener: ln,
+			Ready: func(_ net.Addr, u string) { ready <- u }})
+	}()
+	r := runner{url: "http://" + ln.Addr().String()}
+	select {
+	case r.natsURL = <-ready:
+	case err := <-done:
+		tb.Fatalf("runner: %v", err)
+	}
+	tb.Cleanup(func() { cancel(); <-done })
+	return r
+}
+
+func (r runner) create(tb testing.TB, body any) string {
+	tb.Helper()
+	data, _ := json.Marshal(body)
+	resp, err := http.Post(r.url+"/v1/sessions", "application/json", strings.NewReader(string(data)))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var c struct{ SessionID string }
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 201 || json.Unmarshal(b, &c) != nil {
+		tb.Fatalf("create = %d %s", resp.StatusCode, b)
+	}
+	return c.SessionID
+}
+
+func runSession(man string, inspect bool) map[string]any {
+	return map[string]any{
+		"bundle":  map[string]any{"entryRelativePath": "telo.yaml", "files": []map[string]any{{"relativePath": "telo.yaml", "contents": man}}},
+		"env":     map[string]any{},
+		"config":  map[string]any{"image": "telorun/node:latest-slim", "pullPolicy": "missing"},
+		"inspect": inspect,
+	}
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkIOThroughput: a kernel writes N bytes to its terminal; one
+// editor receives them over the io WebSocket. Reported: payload MB/s of
+// wall time and MB per CPU-second of this process (edge + driver + NATS +
+// the client; the kernel is a separate process and not counted).
+func BenchmarkIOThroughput(b *testing.B) {
+	const size = 64 << 20
+	r := startRunner(b, map[string]string{"RUNNER_REPLAY_BUFFER_BYTES": "100000000"})
+	b.SetBytes(size)
+	b.ResetTimer()
+	var wall, cpu time.Duration
+	for range b.N {
+		man := fmt.Sprintf("kind: Telo.Application\nmetadata:\n  name: flood\nx-devkernel:\n  outputBytes: %d\n  exitAfterMs: 1\n", size)
+		id := r.create(b, runSession(man, false))
+		c, _, err := websocket.DefaultDialer.Dial("ws"+strings.TrimPrefix(r.url, "http")+"/v1/sessions/"+id+"/io", nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		t0, c0 := time.Now(), cpuTime()
+		got := 0
+		for got < size {
+			kind, data, err := c.ReadMessage()
+			if err != nil {
+				b.Fatalf("after %d bytes: %v", got, err)
+			}
+			if kind == websocket.BinaryMessage {
+				got += len(data) - 5
+			}
+		}
+		wall += time.Since(t0)
+		cpu += cpuTime() - c0
+		_ = c.Close()
+	}
+	mb := float64(size*b.N) / (1 << 20)
+	b.ReportMetric(mb/wall.Seconds(), "MB/s")
+	b.ReportMetric(mb/cpu.Seconds(), "MB/cpu-s")
+}
+
+// BenchmarkSSEFanout: 1,000 SSE subscribers on one session; each op appends
+// one event and waits until every subscriber has it. Reported: the
+// delivery latency to the last subscriber.
+func BenchmarkSSEFanout(b *testing.B) {
+	const subscribers = 1000
+	r := startRunner(b, map[string]string{"RUNNER_WATCH_SESSIONS": "true"})
+	id := r.create(b, runSession("kind: Telo.Application\nmetadata:\n  name: quiet\n", true))
+	nc, err := nats.Connect(r.natsURL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	store, err := session.Open(context.Background(), js, 5_000_000)
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Let the session settle so only our events flow.
+	time.Sleep(2 * time.Second) //nolint:forbidigo // benchmark warm-up
+	tr := &http.Transport{MaxIdleConnsPerHost: subscribers, MaxConnsPerHost: 0}
+	client := &http.Client{Transport: tr}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	tail, err := store.Events.Tail(ctx, "runner.evt."+id)
+	if err != nil {
+		b.Fatal(err)
+	}
+	marks := make(chan string, subscribers*4)
+	var wg sync.WaitGroup
+	for range subscribers {
+		req, _ := http.NewRequestWithContext(ctx, "GET", r.url+"/v1/sessions/"+id+"/events?lastEventId="+fmt.Sprint(tail), nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer resp.Body.Close()
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() {
+				if line := sc.Text(); strings.HasPrefix(line, "data: ") && strings.Contains(line, "bench-mark-") {
+					i := strings.Index(line, "bench-mark-")
+					marks <- line[i : i+len("bench-mark-")+8]
+				}
+			}
+		}()
+	}
+	var lat []time.Duration
+	b.ResetTimer()
+	for i := range b.N {
+		mark := fmt.Sprintf("bench-mark-%08d", i)
+		t0 := time.Now()
+		if _, err := store.Emit(ctx, id, contract.Event{Type: contract.EventProgress, Phase: "boot", Message: mark}); err != nil {
+			b.Fatal(err)
+		}
+		for n := 0; n < subscribers; {
+			select {
+			case m := <-marks:
+				if m == mark {
+					n++
+				}
+			case <-time.After(30 * time.Second):
+				b.Fatalf("event %d reached %d of %d subscribers", i, n, subscribers)
+			}
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	b.StopTimer()
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*95/100].Microseconds())/1000, "p95-ms")
+	cancel()
+	wg.Wait()
+}
+
+// BenchmarkEditToRun: an editor saves a manifest through
+// POST /v1/sessions/:id/workspace and waits for the app's `run started`
+// event on its SSE stream. The devkernel's own file-watch poll (50 ms) and
+// debounce (100 ms) are part of the figure; the runner's overhead is the
+// rest.
+func BenchmarkEditToRun(b *testing.B) {
+	r := startRunner(b, map[string]string{"RUNNER_WATCH_SESSIONS": "true", "RUNNER_WATCH_RELOAD_LIMIT": "100000"})
+	man := "kind: Telo.Application\nmetadata:\n  name: edit\n"
+	body := map[string]any{
+		"mode":   "watch",
+		"bundle": map[string]any{"entryRelativePath": "telo.yaml", "files": []map[string]any{{"relativePath": "telo.yaml", "contents": man}}},
+		"env":    map[string]any{}, "config": map[string]any{"image": "telorun/node:latest-slim", "pullPolicy": "missing"},
+		"apps": []map[string]any{{"name": "app", "entryRelativePath": "telo.yaml"}},
+	}
+	id := r.create(b, body)
+	req, _ := http.NewRequest("GET", r.url+"/v1/sessions/"+id+"/events", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	started := make(chan int, 64)
+	go func() {
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			if strings.HasPrefix(line, "data: ") && strings.Contains(line, `"type":"run"`) && strings.Contains(line, `"phase":"started"`) {
+				var ev struct{ Generation int }
+				_ = json.Unmarshal([]byte(line[6:]), &ev)
+				started <- ev.Generation
+			}
+		}
+		close(started)
+	}()
+	if g := <-started; g != 1 {
+		b.Fatalf("first generation %d", g)
+	}
+	var lat []time.Duration
+	b.ResetTimer()
+	for i := range b.N {
+		edit := fmt.Sprintf(`{"write":[{"path":"telo.yaml","content":%q}]}`, man+fmt.Sprintf("# edit %d\n", i))
+		t0 := time.Now()
+		wr, err := http.Post(r.url+"/v1/sessions/"+id+"/workspace", "application/json", strings.NewReader(edit))
+		if err != nil || wr.StatusCode != 200 {
+			b.Fatalf("write: %v %v", err, wr)
+		}
+		wr.Body.Close()
+		if g := <-started; g != i+2 {
+			b.Fatalf("generation %d, want %d", g, i+2)
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	b.StopTimer()
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*95/100].Microseconds())/1000, "p95-ms")
+}
