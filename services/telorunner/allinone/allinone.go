@@ -117,9 +117,18 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 		conns[name] = nc
 	}
 	reg := obs.NewRegistry()
-	g := run.NewGroup(ctx)
-	g.Go("pod-driver", func(ctx context.Context) error {
-		return driver.Run(ctx, cfg.Driver, driver.Deps{NC: conns["pod-driver"], Logger: log, Registry: reg, Limits: lim})
+	// The driver stops first, while the other services still answer: its
+	// watch sessions take a final checkpoint through workspace-proxy and
+	// record their status before the rest goes.
+	rest, cancelRest := context.WithCancel(context.Background())
+	defer cancelRest()
+	driverCtx, cancelDriver := context.WithCancel(ctx)
+	defer cancelDriver()
+	g := run.NewGroup(rest)
+	g.Go("pod-driver", func(context.Context) error {
+		err := driver.Run(driverCtx, cfg.Driver, driver.Deps{NC: conns["pod-driver"], Logger: log, Registry: reg, Limits: lim})
+		cancelRest()
+		return err
 	})
 	g.Go("supervisor", func(ctx context.Context) error {
 		return supervisor.Run(ctx, cfg.Supervisor, supervisor.Deps{NC: conns["supervisor"], Logger: log, Limits: lim, Registry: reg})
@@ -135,8 +144,13 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 				}
 			}})
 	})
-	<-g.Context().Done()
-	return g.WaitTimeout(30 * time.Second)
+	select {
+	case <-ctx.Done():
+	case <-g.Context().Done():
+		cancelDriver() // a service failed: stop everything
+		cancelRest()
+	}
+	return g.WaitTimeout(60 * time.Second)
 }
 
 func startNATS(dir string, port int) (*server.Server, error) {

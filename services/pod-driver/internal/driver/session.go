@@ -333,9 +333,23 @@ func (o *owned) end(ctx context.Context, in intent) error {
 // requestStop stops the workload (or the start in progress).
 func (o *owned) requestStop(ctx context.Context) error { return o.end(ctx, intentStop) }
 
-// shutdownStop is the driver's clean exit: every session it owns stops
-// (contract 5.8).
+// shutdownStop is the driver's clean exit. Run sessions stop (contract
+// 5.8). Watch sessions are suspended with a final checkpoint instead, so
+// no work is lost and they resume after the restart (19.1–19.3); if the
+// checkpoint cannot be taken they stop like run sessions.
 func (o *owned) shutdownStop() {
+	if o.rec.Mode == contract.ModeWatch && o.intent() == intentNone {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := o.checkpointNow(ctx)
+		if err == nil {
+			err = o.end(ctx, intentSuspend)
+		}
+		cancel()
+		if err == nil {
+			return
+		}
+		o.log.Warn("final checkpoint failed; stopping the watch session", "err", err)
+	}
 	o.shutdown.Store(true)
 	_, _ = o.store.Update(context.Background(), o.id, func(r *session.Record) error {
 		if r.UserStopped {

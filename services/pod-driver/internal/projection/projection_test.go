@@ -86,6 +86,12 @@ func TestProjection(t *testing.T) {
 			{app: "a", event: "Kernel.Starting", payload: "{}"},
 			{app: "a", ended: true, code: contract.IntPtr(7)},
 		}, []string{"a#1 started watch", "a#1 completed code=7"}},
+		{"19.15: RunFailed before teardown is the one outcome", nil, []step{
+			{app: "a", event: "Kernel.Starting", payload: "{}"},
+			{app: "a", event: "Kernel.RunFailed", payload: `{"phase":"start","code":"ERR_BOOT"}`},
+			{app: "a", event: "Kernel.Stopping", payload: "{}"},
+			{app: "a", event: "Kernel.Stopped", payload: `{"exitCode":1}`},
+		}, []string{"a#1 started watch", "a#1 failed ERR_BOOT"}},
 		{"double starting opens once; log frames ignored", nil, []step{
 			{app: "a", event: "Kernel.Starting", payload: "{}"},
 			{app: "a", event: "Kernel.Starting", payload: "{}"},
