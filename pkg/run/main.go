@@ -1,0 +1,60 @@
+package run
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/telorunner/telorunner/pkg/obs"
+)
+
+// Env is what a standalone service main hands its Run function.
+type Env struct {
+	NC       *nats.Conn
+	Logger   *slog.Logger
+	Registry *prometheus.Registry
+}
+
+// Main is the body of every standalone service's main: configErr (from
+// loading its configuration) exits 2 naming the variable; then a signal
+// context, the logger (LOG_LEVEL, LOG_FORMAT), a NATS connection to
+// RUNNER_NATS_URL, the ops listener (RUNNER_OPS_ADDR) and serve. A failure
+// exits 1. It does not return.
+func Main(name string, configErr error, serve func(ctx context.Context, env Env) error) {
+	if configErr != nil {
+		fmt.Fprintln(os.Stderr, configErr)
+		os.Exit(2)
+	}
+	url := os.Getenv("RUNNER_NATS_URL")
+	if url == "" {
+		fmt.Fprintln(os.Stderr, "RUNNER_NATS_URL: required (the telorunner all-in-one embeds a server)")
+		os.Exit(2)
+	}
+	os.Exit(func() int {
+		ctx, stop := SignalContext()
+		defer stop()
+		log := obs.NewLogger(os.Stderr, os.Getenv("LOG_LEVEL"), os.Getenv("LOG_FORMAT"))
+		nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1))
+		if err != nil {
+			log.Error("connect nats", "service", name, "err", err)
+			return 1
+		}
+		defer nc.Close()
+		reg := obs.NewRegistry()
+		g := NewGroup(ctx)
+		g.Go("ops", func(ctx context.Context) error { return obs.Serve(ctx, os.Getenv("RUNNER_OPS_ADDR"), reg, nil) })
+		g.Go(name, func(ctx context.Context) error {
+			defer g.Cancel()
+			return serve(ctx, Env{NC: nc, Logger: log, Registry: reg})
+		})
+		if err := g.Wait(); err != nil {
+			log.Error("service stopped", "service", name, "err", err)
+			return 1
+		}
+		return 0
+	}())
+}
