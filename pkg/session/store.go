@@ -156,11 +156,16 @@ func (s *Store) GetBundle(ctx context.Context, id string) (contract.Bundle, erro
 	return b, nil
 }
 
-// Evict removes every trace of a session: record, bundle, checkpoint,
-// owner and presence keys, event and io subjects, admission slot.
+// Evict removes every trace of a session: event and io subjects, bundle,
+// checkpoint and owner keys, then the record and its admission slot. The
+// record goes last, so an eviction that fails part-way leaves it in place
+// and is retried by whoever evicts next.
 func (s *Store) Evict(ctx context.Context, id string) error {
 	var errs []error
-	if err := s.Sessions.Purge(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+	if err := s.Events.Purge(ctx, bus.EventsSubject(id)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := s.IO.Purge(ctx, bus.IOSubjects(id)); err != nil {
 		errs = append(errs, err)
 	}
 	if err := s.Bundles.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
@@ -171,11 +176,11 @@ func (s *Store) Evict(ctx context.Context, id string) error {
 			errs = append(errs, err)
 		}
 	}
-	if err := s.Events.Purge(ctx, bus.EventsSubject(id)); err != nil {
-		errs = append(errs, err)
+	if len(errs) > 0 {
+		return errors.Join(errs...)
 	}
-	if err := s.IO.Purge(ctx, bus.IOSubjects(id)); err != nil {
-		errs = append(errs, err)
+	if err := s.Sessions.Purge(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return err
 	}
 	if _, _, err := bus.UpdateJSON(ctx, s.Admission, bus.KeyAdmissionSlots, true, func(sl *Slots) error {
 		if _, ok := sl.IDs[id]; !ok {
