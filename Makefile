@@ -7,8 +7,13 @@ TOOLS := $(CURDIR)/.tools/bin
 GOLANGCI_VERSION := v2.15.0
 PORT ?= 8062
 TEST_FLAGS ?= -race -count=1 -timeout 20m
+# Kubernetes control plane for tests (tools/kubeenv), cached once per machine and
+# keyed by the pinned versions; tests find it through TELORUNNER_KUBE_BIN.
+KUBE_VERSION := v1.37.2
+KUBE_BIN ?= $(HOME)/.cache/telorunner/kube-$(KUBE_VERSION)-$(shell cat tools/kubeenv/go.sum tools/kubeenv/cmd/etcd/go.sum | sha256sum | cut -c1-12)
+KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) -X k8s.io/component-base/version.gitTreeState=clean
 
-.PHONY: help build run test vet fmt-check lint bench clean
+.PHONY: help build run test vet fmt-check lint bench clean kube-bins
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -30,8 +35,26 @@ fmt-check: ## fail when gofmt would change a file
 vet: ## go vet every module, in the workspace and with GOWORK=off
 	@for m in $(MODULES); do echo "== vet $$m"; (cd $$m && $(GO) vet ./... && GOWORK=off $(GO) vet ./...) || exit 1; done
 
-test: fmt-check vet ## vet + race tests of every module (GOWORK=off: each module stands alone)
-	@for m in $(MODULES); do echo "== test $$m"; (cd $$m && GOWORK=off $(GO) test $(TEST_FLAGS) ./...) || exit 1; done
+test: fmt-check vet kube-bins ## vet + race tests of every module (GOWORK=off: each module stands alone)
+	@for m in $(MODULES); do echo "== test $$m"; (cd $$m && TELORUNNER_KUBE_BIN=$(KUBE_BIN) GOWORK=off $(GO) test $(TEST_FLAGS) ./...) || exit 1; done
+
+kube-bins: $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/kube-controller-manager $(KUBE_BIN)/etcd ## build the test control plane into $KUBE_BIN (once per machine) + standin-kubelet
+	@if compgen -G "tools/standin-kubelet/*.go" >/dev/null; then \
+		echo "== build $(KUBE_BIN)/standin-kubelet"; \
+		cd tools/standin-kubelet && GOWORK=off $(GO) build -o $(KUBE_BIN)/standin-kubelet . ; \
+	else \
+		echo "kube-bins: no Go files in tools/standin-kubelet yet: standin-kubelet not built (tests that start a kubelet will fail)"; \
+	fi
+	@echo "kube-bins: TELORUNNER_KUBE_BIN=$(KUBE_BIN)"
+
+$(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/kube-controller-manager:
+	@mkdir -p $(KUBE_BIN)
+	@echo "== build $@ (cold: several minutes)"
+	cd tools/kubeenv && GOWORK=off $(GO) build -ldflags '$(KUBE_LDFLAGS)' -o $@.tmp k8s.io/kubernetes/cmd/$(notdir $@) && mv $@.tmp $@
+
+$(KUBE_BIN)/etcd:
+	@mkdir -p $(KUBE_BIN)
+	cd tools/kubeenv/cmd/etcd && GOWORK=off $(GO) build -o $@.tmp . && mv $@.tmp $@
 
 lint: $(TOOLS)/golangci-lint ## golangci-lint v2 (installed into .tools at a pinned version)
 	@for m in $(MODULES); do echo "== lint $$m"; (cd $$m && $(TOOLS)/golangci-lint run --config $(CURDIR)/.golangci.yml ./...) || exit 1; done

@@ -20,7 +20,9 @@ import (
 
 	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/checkpoint"
+	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/session"
+	"github.com/telorunner/telorunner/services/pod-driver/internal/backend"
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/local"
 	idriver "github.com/telorunner/telorunner/services/pod-driver/internal/driver"
 )
@@ -45,6 +47,8 @@ type Config struct {
 	ID string
 	// OwnerTTL is how long an owner key outlives a dead driver.
 	OwnerTTL time.Duration
+	// Kube is the kubernetes backend's configuration (RUNNER_BACKEND=kubernetes).
+	Kube KubeConfig
 }
 
 // LoadConfig reads the configuration from the environment.
@@ -76,15 +80,19 @@ func LoadConfig(lookup func(string) (string, bool)) (Config, error) {
 		c.ReplayBufferBytes = n
 	}
 	c.ID = get("RUNNER_DRIVER_ID")
+	if c.Backend == "kubernetes" {
+		var err error
+		if c.Kube, err = loadKubeConfig(get); err != nil {
+			return c, err
+		}
+	}
 	return c, c.Validate()
 }
 
 // Validate checks the configuration, naming the variable at fault.
 func (c *Config) Validate() error {
 	switch c.Backend {
-	case "local":
-	case "kubernetes":
-		return fmt.Errorf("RUNNER_BACKEND: the kubernetes backend is not built yet")
+	case "local", "kubernetes":
 	default:
 		return fmt.Errorf("RUNNER_BACKEND: must be local or kubernetes, got %q", c.Backend)
 	}
@@ -154,9 +162,32 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	if err != nil {
 		return fmt.Errorf("RUNNER_WORK_DIR: %w", err)
 	}
-	be, err := local.New(local.Options{KernelCommand: cfg.KernelCommand, WorkspaceServerCommand: cfg.WorkspaceServerCommand, WorkRoot: workDir, Logger: log})
-	if err != nil {
-		return fmt.Errorf("local backend: %w", err)
+	var be interface {
+		backend.Backend
+		Close(context.Context) error
+	}
+	switch cfg.Backend {
+	case "kubernetes":
+		kb, err := newKubeBackend(cfg.Kube, log)
+		if err != nil {
+			return fmt.Errorf("kubernetes backend: %w", err)
+		}
+		// Reap pods no live session owns (11.15); failures are warnings.
+		if reaped, err := kb.ReapOrphans(ctx, func(id string) bool {
+			rec, _, err := store.Get(ctx, id)
+			return err == nil && !rec.Status.Terminal() && rec.Status.Kind != contract.StatusSuspended
+		}); err != nil {
+			log.Warn("reap orphan pods", "err", err)
+		} else if len(reaped) > 0 {
+			log.Info("reaped orphan pods", "sessions", reaped)
+		}
+		be = kb
+	default:
+		lb, err := local.New(local.Options{KernelCommand: cfg.KernelCommand, WorkspaceServerCommand: cfg.WorkspaceServerCommand, WorkRoot: workDir, Logger: log})
+		if err != nil {
+			return fmt.Errorf("local backend: %w", err)
+		}
+		be = lb
 	}
 	cps, err := checkpoint.NewStore(ctx, js, checkpoint.Options{})
 	if err != nil {

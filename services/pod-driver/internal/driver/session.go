@@ -45,6 +45,9 @@ type owned struct {
 	w        backend.Workload
 	next     intent
 	shutdown atomic.Bool // driver shutting down: end as stopped
+	// adopting: the first workload is an existing one to re-attach to
+	// (its driver died), not a new start.
+	adopting bool
 }
 
 // own reconciles one command for session id.
@@ -82,7 +85,9 @@ func (d *Driver) own(ctx context.Context, id string, adopt bool, m jetstream.Msg
 		release()
 		return
 	}
-	if adopt || rec.Status.Kind != contract.StatusStarting {
+	_, canAdopt := d.o.Backend.(adopter)
+	adopting := (adopt || rec.Status.Kind != contract.StatusStarting) && canAdopt && rec.Status.Kind == contract.StatusRunning
+	if (adopt || rec.Status.Kind != contract.StatusStarting) && !adopting {
 		// A local workload whose driver died cannot be re-attached: its
 		// terminal and pipes ended with that process. Say so, never go
 		// silent (ARCHITECTURE §3).
@@ -91,7 +96,7 @@ func (d *Driver) own(ctx context.Context, id string, adopt bool, m jetstream.Msg
 		return
 	}
 	sctx, cancel := context.WithCancel(ctx)
-	o := &owned{d: d, id: id, rec: rec, log: log, store: store, ctx: sctx, cancel: cancel,
+	o := &owned{d: d, id: id, rec: rec, log: log, store: store, ctx: sctx, cancel: cancel, adopting: adopting,
 		pumps: map[string]*iopump.Pump{}, events: make(chan contract.Event, 4096), evDone: make(chan struct{})}
 	d.mu.Lock()
 	d.owned[id] = o
@@ -155,6 +160,12 @@ func (o *owned) run(ownerRev uint64) {
 	o.cancel()
 	<-renewDone
 	_ = o.store.Owners.Delete(context.Background(), o.id)
+}
+
+// adopter is a backend that can re-attach to a workload whose driver died
+// (the kubernetes backend finds the session's pod by label).
+type adopter interface {
+	Adopt(ctx context.Context, spec backend.Spec, sink backend.Sink) (backend.Workload, error)
 }
 
 // intent is what the session should do when its workload next ends.
@@ -239,8 +250,14 @@ func (o *owned) runOnce() *contract.Status {
 	if spec.Mode == contract.ModeRun {
 		app = spec.Apps[0].Name
 	}
-	o.Progress(contract.PhaseProvision, "Starting workload", false, app)
-	w, err := o.d.o.Backend.Start(o.ctx, spec, o)
+	var w backend.Workload
+	if a, ok := o.d.o.Backend.(adopter); ok && o.adopting {
+		o.adopting = false
+		w, err = a.Adopt(o.ctx, spec, o)
+	} else {
+		o.Progress(contract.PhaseProvision, "Starting workload", false, app)
+		w, err = o.d.o.Backend.Start(o.ctx, spec, o)
+	}
 	if err != nil {
 		o.d.m.failed.Inc()
 		if in := o.intent(); in == intentStop || in == intentSuspend {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend"
+	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/kernelwire"
 )
 
 // Backend runs session workloads as process groups on this machine. It
@@ -93,7 +94,7 @@ func New(opts Options) (*Backend, error) {
 	b.client = &http.Client{Transport: b.transport}
 	b.wsHTTP = &http.Client{Transport: &http.Transport{
 		DisableKeepAlives:     true,
-		ResponseHeaderTimeout: wsRequestTimeout,
+		ResponseHeaderTimeout: kernelwire.WorkspaceRequestTimeout,
 	}}
 	return b, nil
 }

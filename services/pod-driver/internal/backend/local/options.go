@@ -5,16 +5,18 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/kernelwire"
 )
 
 // Defaults applied by New to zero Options fields.
 const (
 	DefaultStopGrace         = 2 * time.Second
-	DefaultReachInterval     = 1 * time.Second // contract 11.7
-	DefaultReachDeadline     = 30 * time.Second
-	DefaultReachSlowInterval = 5 * time.Second
-	DefaultRelayRetry        = 500 * time.Millisecond // contract 10.4
-	DefaultWorkspaceReady    = 120 * time.Second      // contract 9.4
+	DefaultReachInterval     = kernelwire.DefaultReachInterval // contract 11.7
+	DefaultReachDeadline     = kernelwire.DefaultReachDeadline
+	DefaultReachSlowInterval = kernelwire.DefaultReachSlowInterval
+	DefaultRelayRetry        = kernelwire.DefaultRelayRetry // contract 10.4
+	DefaultWorkspaceReady    = 120 * time.Second            // contract 9.4
 )
 
 // Options configures a Backend.

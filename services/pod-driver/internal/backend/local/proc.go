@@ -257,7 +257,7 @@ type outputSink interface {
 // into signals, pumps its output to out and, when r is not nil, relays its
 // debug wire. After the exit the pumps and the relay get drainTimeout to
 // deliver what is left.
-func (p *proc) drive(stop, kill <-chan struct{}, grace time.Duration, out outputSink, r *relay) {
+func (p *proc) drive(stop, kill <-chan struct{}, grace time.Duration, out outputSink, r relayFunc) {
 	var wg sync.WaitGroup
 	wg.Go(p.wait)
 	wg.Go(func() { p.supervise(stop, kill, grace) })
@@ -276,7 +276,7 @@ func (p *proc) drive(stop, kill <-chan struct{}, grace time.Duration, out output
 	if r != nil {
 		wg.Go(func() {
 			defer close(relayed)
-			r.run(ctx, p.exited)
+			r(ctx, p.exited)
 		})
 	} else {
 		close(relayed)

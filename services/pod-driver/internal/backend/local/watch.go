@@ -16,6 +16,7 @@ import (
 
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend"
+	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/kernelwire"
 )
 
 // WatchWorkload is a running watch session: the shape of the Kubernetes
@@ -36,10 +37,10 @@ type WatchWorkload struct {
 	sink backend.Sink
 	log  *slog.Logger
 
-	ws      *proc         // the workspace server
-	wsc     wsClient      // talks to it
-	wsEnded chan struct{} // closed once the workspace server's drive returned
-	agent   *proc         // nil when the session has no agent
+	ws      *proc                      // the workspace server
+	wsc     kernelwire.WorkspaceClient // talks to it
+	wsEnded chan struct{}              // closed once the workspace server's drive returned
+	agent   *proc                      // nil when the session has no agent
 	apps    []*watchApp
 
 	// members owns the goroutines of the workspace server, of every app
@@ -76,7 +77,7 @@ const (
 // watchPlan is a checked watch spec: what Start will run.
 type watchPlan struct {
 	apps  []backend.App // entries normalized
-	seed  changeSet
+	seed  kernelwire.ChangeSet
 	agent []string // argv of the agent; nil when none
 }
 
@@ -120,9 +121,9 @@ func (b *Backend) startWatch(ctx context.Context, spec backend.Spec, sink backen
 	if err := w.awaitWorkspace(ctx); err != nil {
 		return nil, err
 	}
-	sink.WorkspaceReady(w.wsc.base)
+	sink.WorkspaceReady(w.wsc.Base)
 	sink.Progress(contract.PhaseBoot, "Starting workspace", true, "")
-	if err := w.wsc.apply(ctx, plan.seed); err != nil {
+	if err := w.wsc.Apply(ctx, plan.seed); err != nil {
 		return nil, &backend.StartError{Stage: "start", Message: "seed workspace: " + err.Error()}
 	}
 
@@ -154,7 +155,7 @@ func (b *Backend) startWatch(ctx context.Context, spec backend.Spec, sink backen
 	sink.Running(endpoints)
 	w.launch()
 	started = true
-	w.log.Info("watch session started", "apps", len(plan.apps), "agent", plan.agent != nil, "workspace", w.wsc.base)
+	w.log.Info("watch session started", "apps", len(plan.apps), "agent", plan.agent != nil, "workspace", w.wsc.Base)
 	return w, nil
 }
 
@@ -190,7 +191,7 @@ func (b *Backend) planWatch(spec backend.Spec) (watchPlan, error) {
 		app.Entry = entry
 		plan.apps = append(plan.apps, app)
 	}
-	seed, err := seedChanges(spec.Bundle.Files)
+	seed, err := kernelwire.SeedChanges(spec.Bundle.Files)
 	if err != nil {
 		return watchPlan{}, create("%v", err)
 	}
@@ -266,13 +267,17 @@ func (w *WatchWorkload) startWorkspace() error {
 	}
 	_ = p.stdinW.Close() // it reads no stdin: EOF, like a container without stdin
 	w.ws = p
-	w.wsc = wsClient{base: "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), http: w.b.wsHTTP}
+	w.wsc = kernelwire.WorkspaceClient{Base: "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), HTTP: w.b.wsHTTP}
 	w.members.Go(func() {
 		defer close(w.wsEnded)
 		p.drive(w.stopCh, w.killCh, w.b.opts.StopGrace, logOutput{log}, nil)
 	})
 	return nil
 }
+
+// wsReadyPoll is the pause between readiness probes of a workspace server
+// that does not answer yet.
+const wsReadyPoll = 100 * time.Millisecond
 
 // awaitWorkspace polls GET /workspace every wsReadyPoll until it answers,
 // for at most the WorkspaceReady option.
@@ -282,7 +287,7 @@ func (w *WatchWorkload) awaitWorkspace(ctx context.Context) error {
 	tick := time.NewTicker(wsReadyPoll)
 	defer tick.Stop()
 	for {
-		err := w.wsc.ping(ready)
+		err := w.wsc.Ping(ready)
 		if err == nil {
 			return nil
 		}
@@ -417,7 +422,7 @@ func (w *WatchWorkload) WatchPorts(app string, ports []contract.PortMapping) {
 }
 
 func (w *WatchWorkload) watchPorts(app string, ports []contract.PortMapping) {
-	tm := reachTiming{w.b.opts.ReachInterval, w.b.opts.ReachDeadline, w.b.opts.ReachSlowInterval}
+	tm := w.b.reachTiming()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.watchersClosed {
@@ -430,7 +435,7 @@ func (w *WatchWorkload) watchPorts(app string, ports []contract.PortMapping) {
 		}
 		w.watched[k] = true
 		w.ports[p.Port] = true
-		w.watchers.Go(func() { watchReach(w.reachCtx, app, p.Port, tm, w.sink) })
+		w.watchers.Go(func() { kernelwire.WatchReachability(w.reachCtx, "127.0.0.1", p.Port, app, w.sink, tm) })
 	}
 }
 

@@ -115,44 +115,6 @@ func TestWatchSessionComesUp(t *testing.T) {
 	}
 }
 
-func TestSeedChanges(t *testing.T) {
-	marker := wsWrite{Path: markerPath, Content: markerContent, Encoding: "utf8"}
-	tests := []struct {
-		name  string
-		files []contract.BundleFile
-		want  []wsWrite
-	}{
-		{
-			name:  "marker added",
-			files: []contract.BundleFile{{RelativePath: "./a/../telo.yaml", Contents: "x"}},
-			want:  []wsWrite{{Path: "telo.yaml", Content: "x", Encoding: "utf8"}, marker},
-		},
-		{
-			name:  "bundle brings its own",
-			files: []contract.BundleFile{{RelativePath: "/telo-workspace.yaml", Contents: "modules: [a]\n"}},
-			want:  []wsWrite{{Path: "telo-workspace.yaml", Content: "modules: [a]\n", Encoding: "utf8"}},
-		},
-		{
-			name:  "a nested marker is not the root's",
-			files: []contract.BundleFile{{RelativePath: "sub/telo-workspace.yaml", Contents: "bQ==", Encoding: "base64"}},
-			want:  []wsWrite{{Path: "sub/telo-workspace.yaml", Content: "bQ==", Encoding: "base64"}, marker},
-		},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			cs, err := seedChanges(tt.files)
-			if err != nil || !slices.Equal(cs.Write, tt.want) {
-				t.Errorf("seedChanges() = %+v, %v; want %+v", cs.Write, err, tt.want)
-			}
-		})
-	}
-	for _, bad := range []contract.BundleFile{{RelativePath: "../x", Contents: "x"}, {RelativePath: "x", Contents: "!", Encoding: "base64"}} {
-		if _, err := seedChanges([]contract.BundleFile{bad}); err == nil {
-			t.Errorf("seedChanges(%+v) = nil error, want one", bad)
-		}
-	}
-}
-
 func TestWatchKeepsTheBundlesMarker(t *testing.T) {
 	b := newWatchBackend(t, nil)
 	spec := webWorker(0)

@@ -121,7 +121,7 @@ func (w *WatchWorkload) runApp(a *watchApp, p *proc) {
 			w.logPIDs()
 		}
 		began := time.Now()
-		r := newRelay(a.app.Name, p.inspectPort, w.b.client, w.b.opts.RelayRetry, w.sink, a.log)
+		r := w.b.newRelay(a.app.Name, p.inspectPort, w.sink, a.log)
 		p.drive(w.stopCh, w.killCh, w.b.opts.StopGrace, w.sink, r)
 		a.setCurrent(nil)
 		if p.wasStopped() {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend"
+	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/kernelwire"
 )
 
 // Workload is a running run session: one process per app in its session
@@ -83,16 +84,16 @@ func (w *Workload) launch() {
 func (w *Workload) runProc(p *proc) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var watchers sync.WaitGroup
-	tm := reachTiming{w.b.opts.ReachInterval, w.b.opts.ReachDeadline, w.b.opts.ReachSlowInterval}
+	tm := w.b.reachTiming()
 	for _, port := range p.app.Ports {
 		if port.Protocol == "udp" {
 			continue // never watched (11.7)
 		}
-		watchers.Go(func() { watchReach(ctx, p.app.Name, port.Port, tm, w.sink) })
+		watchers.Go(func() { kernelwire.WatchReachability(ctx, "127.0.0.1", port.Port, p.app.Name, w.sink, tm) })
 	}
-	var r *relay
+	var r relayFunc
 	if p.inspectPort != 0 {
-		r = newRelay(p.app.Name, p.inspectPort, w.b.client, w.b.opts.RelayRetry, w.sink, p.log)
+		r = w.b.newRelay(p.app.Name, p.inspectPort, w.sink, p.log)
 	}
 	p.drive(w.stopCh, w.killCh, w.b.opts.StopGrace, w.sink, r)
 	cancel()

@@ -1,4 +1,4 @@
-package local
+package kernelwire
 
 import (
 	"bytes"
@@ -14,21 +14,18 @@ import (
 )
 
 const (
-	// wsRequestTimeout bounds one request to a workspace server (9.4).
-	wsRequestTimeout = 30 * time.Second
-	// wsReadyPoll is the pause between readiness probes of a workspace
-	// server that does not answer yet.
-	wsReadyPoll = 100 * time.Millisecond
+	// WorkspaceRequestTimeout bounds one request to a workspace server (9.4).
+	WorkspaceRequestTimeout = 30 * time.Second
 	// wsErrorBody is how much of a failed answer an error quotes (9.4).
 	wsErrorBody = 500
 )
 
-// markerPath is the workspace marker seeded at the root (contract 9.7).
-const markerPath = "telo-workspace.yaml"
+// MarkerPath is the workspace marker seeded at the root (contract 9.7).
+const MarkerPath = "telo-workspace.yaml"
 
-// markerContent anchors the kernels' shared module cache: a comment
+// MarkerContent anchors the kernels' shared module cache: a comment
 // block, then the non-empty modules list the workspace parser requires.
-const markerContent = `# Workspace marker, seeded by telorunner when this watch session started.
+const MarkerContent = `# Workspace marker, seeded by telorunner when this watch session started.
 # The Telo kernel anchors its module cache (.telo) at the nearest directory
 # above an entry that holds this file, so every app of the session shares
 # one cache here and a module is downloaded once per session.
@@ -36,35 +33,37 @@ const markerContent = `# Workspace marker, seeded by telorunner when this watch 
 modules: ["*"]
 `
 
-// wsClient talks to one workspace server over plain HTTP (contract 9.2).
-type wsClient struct {
-	base string // http://127.0.0.1:<port>
-	http *http.Client
+// WorkspaceClient talks to one workspace server over plain HTTP
+// (contract 9.2). Its methods are safe for concurrent use.
+type WorkspaceClient struct {
+	Base string       // http://<host>:<port>, no trailing slash
+	HTTP *http.Client // nil: http.DefaultClient
 }
 
-// wsWrite is one write of a change set.
-type wsWrite struct {
+// Write is one write of a change set.
+type Write struct {
 	Path     string `json:"path"`
 	Content  string `json:"content"`
 	Encoding string `json:"encoding"`
 }
 
-// changeSet is the body of POST /workspace.
-type changeSet struct {
-	Write  []wsWrite `json:"write"`
-	Delete []string  `json:"delete,omitempty"`
+// ChangeSet is the body of POST /workspace.
+type ChangeSet struct {
+	Write  []Write  `json:"write"`
+	Delete []string `json:"delete,omitempty"`
 }
 
-// ping reads the tree once: the readiness probe.
-func (c wsClient) ping(ctx context.Context) error {
+// Ping reads the tree once: the readiness probe.
+func (c WorkspaceClient) Ping(ctx context.Context) error {
 	var tree struct {
 		Files []json.RawMessage `json:"files"`
 	}
 	return c.do(ctx, http.MethodGet, "/workspace", nil, &tree)
 }
 
-// apply posts one change set.
-func (c wsClient) apply(ctx context.Context, cs changeSet) error {
+// Apply posts one change set and checks every write and delete was
+// applied.
+func (c WorkspaceClient) Apply(ctx context.Context, cs ChangeSet) error {
 	var res struct {
 		Written int `json:"written"`
 		Deleted int `json:"deleted"`
@@ -79,11 +78,11 @@ func (c wsClient) apply(ctx context.Context, cs changeSet) error {
 	return nil
 }
 
-// do sends one request (bounded by wsRequestTimeout) and decodes a 2xx
+// do sends one request (bounded by WorkspaceRequestTimeout) and decodes a 2xx
 // answer into out. Any other answer is an error quoting method, path,
 // status and the start of the body.
-func (c wsClient) do(ctx context.Context, method, path string, in, out any) error {
-	ctx, cancel := context.WithTimeout(ctx, wsRequestTimeout)
+func (c WorkspaceClient) do(ctx context.Context, method, path string, in, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, WorkspaceRequestTimeout)
 	defer cancel()
 	var body io.Reader
 	if in != nil {
@@ -93,14 +92,18 @@ func (c wsClient) do(ctx context.Context, method, path string, in, out any) erro
 		}
 		body = bytes.NewReader(data)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	req, err := http.NewRequestWithContext(ctx, method, c.Base+path, body)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := c.http.Do(req)
+	client := c.HTTP
+	if client == nil {
+		client = http.DefaultClient
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
@@ -115,32 +118,32 @@ func (c wsClient) do(ctx context.Context, method, path string, in, out any) erro
 	return nil
 }
 
-// seedChanges is the change set that seeds a fresh workspace (contract
+// SeedChanges is the change set that seeds a fresh workspace (contract
 // 9.5): every bundle file at its normalized path, then the marker at the
 // root unless the bundle has a file at exactly that path. It fails on a
 // path that does not normalize or a base64 content that does not decode,
 // so a bad bundle is refused before anything starts. As in run sessions,
 // any encoding but base64 is text.
-func seedChanges(files []contract.BundleFile) (changeSet, error) {
-	cs := changeSet{Write: make([]wsWrite, 0, len(files)+1)}
+func SeedChanges(files []contract.BundleFile) (ChangeSet, error) {
+	cs := ChangeSet{Write: make([]Write, 0, len(files)+1)}
 	hasMarker := false
 	for _, f := range files {
 		rel, err := contract.NormalizePath(f.RelativePath)
 		if err != nil {
-			return changeSet{}, err
+			return ChangeSet{}, err
 		}
 		enc := "utf8" // as writeBundle: anything but base64 is text
 		if f.Encoding == "base64" {
 			if _, err := base64.StdEncoding.DecodeString(f.Contents); err != nil {
-				return changeSet{}, fmt.Errorf("decode bundle file %s: %w", rel, err)
+				return ChangeSet{}, fmt.Errorf("decode bundle file %s: %w", rel, err)
 			}
 			enc = "base64"
 		}
-		hasMarker = hasMarker || rel == markerPath
-		cs.Write = append(cs.Write, wsWrite{Path: rel, Content: f.Contents, Encoding: enc})
+		hasMarker = hasMarker || rel == MarkerPath
+		cs.Write = append(cs.Write, Write{Path: rel, Content: f.Contents, Encoding: enc})
 	}
 	if !hasMarker {
-		cs.Write = append(cs.Write, wsWrite{Path: markerPath, Content: markerContent, Encoding: "utf8"})
+		cs.Write = append(cs.Write, Write{Path: MarkerPath, Content: MarkerContent, Encoding: "utf8"})
 	}
 	return cs, nil
 }

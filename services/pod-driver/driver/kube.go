@@ -1,0 +1,100 @@
+package driver
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/kubernetes"
+)
+
+// KubeConfig is the kubernetes backend's configuration (contract 18.2).
+type KubeConfig struct {
+	Namespace, ManagedBy                 string
+	KernelImage, WorkspaceImage          string
+	RuntimeClass, ImagePullSecret        string
+	IngressBaseDomain, IngressClass, TLS string
+	RunLimits, AppLimits                 kubernetes.Limits
+	WatchMaxTTLSeconds                   int64
+	// Kubeconfig is KUBECONFIG; in a cluster (KUBERNETES_SERVICE_HOST set)
+	// the in-cluster credentials are used instead.
+	Kubeconfig string
+}
+
+func loadKubeConfig(get func(string) string) (KubeConfig, error) {
+	or := func(k, def string) string {
+		if v := get(k); v != "" {
+			return v
+		}
+		return def
+	}
+	c := KubeConfig{
+		Namespace: or("RUNNER_SESSION_NAMESPACE", kubernetes.DefaultNamespace), ManagedBy: or("RUNNER_MANAGED_BY", kubernetes.DefaultManagedBy),
+		KernelImage: or("RUNNER_IMAGE", "telorun/node:latest-slim"), WorkspaceImage: or("RUNNER_WORKSPACE_IMAGE", "telorunner/workspace-server:latest"),
+		RuntimeClass: get("RUNNER_RUNTIME_CLASS"), ImagePullSecret: get("RUNNER_IMAGE_PULL_SECRET"),
+		IngressBaseDomain: get("SESSION_INGRESS_BASE_DOMAIN"), IngressClass: get("SESSION_INGRESS_CLASS"), TLS: get("SESSION_INGRESS_TLS_SECRET"),
+		Kubeconfig: get("KUBECONFIG"),
+	}
+	limits := func(prefix string, def kubernetes.Limits) (kubernetes.Limits, error) {
+		l := kubernetes.Limits{CPU: or(prefix+"CPU", def.CPU), Memory: or(prefix+"MEMORY", def.Memory),
+			EphemeralStorage: or(prefix+"EPHEMERAL_STORAGE", def.EphemeralStorage), TTLSeconds: def.TTLSeconds}
+		if v := get(prefix + "TTL_SECONDS"); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n <= 0 {
+				return l, fmt.Errorf("%sTTL_SECONDS: must be a positive integer, got %q", prefix, v)
+			}
+			l.TTLSeconds = n
+		}
+		if err := l.Validate(); err != nil {
+			return l, fmt.Errorf("%s*: %w", prefix, err)
+		}
+		return l, nil
+	}
+	var err error
+	if c.RunLimits, err = limits("RUNNER_MAX_", kubernetes.Limits{CPU: "50m", Memory: "100Mi", EphemeralStorage: "512Mi", TTLSeconds: 3600}); err != nil {
+		return c, err
+	}
+	if c.AppLimits, err = limits("RUNNER_APP_MAX_", kubernetes.Limits{CPU: "500m", Memory: "512Mi", EphemeralStorage: "1Gi", TTLSeconds: 21600}); err != nil {
+		return c, err
+	}
+	c.WatchMaxTTLSeconds = kubernetes.DefaultWatchMaxTTL
+	if v := get("RUNNER_WATCH_MAX_TTL_SECONDS"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 {
+			return c, fmt.Errorf("RUNNER_WATCH_MAX_TTL_SECONDS: must be a positive integer, got %q", v)
+		}
+		c.WatchMaxTTLSeconds = n
+	}
+	return c, nil
+}
+
+// restConfig is in-cluster credentials when running in a pod, else the
+// kubeconfig.
+func (c KubeConfig) restConfig() (*rest.Config, error) {
+	if os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
+		return rest.InClusterConfig()
+	}
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	if c.Kubeconfig != "" {
+		rules.ExplicitPath = strings.Split(c.Kubeconfig, string(os.PathListSeparator))[0]
+	}
+	return clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
+}
+
+func newKubeBackend(c KubeConfig, log *slog.Logger) (*kubernetes.Backend, error) {
+	rc, err := c.restConfig()
+	if err != nil {
+		return nil, fmt.Errorf("KUBECONFIG: %w", err)
+	}
+	return kubernetes.New(kubernetes.Options{
+		RestConfig: kubernetes.WithThrottle(rc), Namespace: c.Namespace, ManagedBy: c.ManagedBy,
+		KernelImage: c.KernelImage, WorkspaceImage: c.WorkspaceImage, RuntimeClass: c.RuntimeClass, ImagePullSecret: c.ImagePullSecret,
+		IngressBaseDomain: c.IngressBaseDomain, IngressClass: c.IngressClass, TLSSecret: c.TLS,
+		RunLimits: c.RunLimits, AppLimits: c.AppLimits, WatchMaxTTLSeconds: c.WatchMaxTTLSeconds, Logger: log,
+	})
+}

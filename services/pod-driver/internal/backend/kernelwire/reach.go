@@ -1,0 +1,87 @@
+package kernelwire
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/telorunner/telorunner/pkg/contract"
+)
+
+// ProbeTimeout is the connect timeout of one reachability probe (11.7).
+const ProbeTimeout = time.Second
+
+// Reachability schedule defaults (contract 11.7).
+const (
+	DefaultReachInterval     = 1 * time.Second
+	DefaultReachDeadline     = 30 * time.Second
+	DefaultReachSlowInterval = 5 * time.Second
+)
+
+// ReachSink receives reachability states. backend.Sink satisfies it.
+type ReachSink interface {
+	Reachability(app string, port int, state string)
+}
+
+// ReachTiming is the reachability watcher's schedule; zero fields get the
+// contract's defaults.
+type ReachTiming struct {
+	Interval, Deadline, SlowInterval time.Duration
+}
+
+func (t ReachTiming) withDefaults() ReachTiming {
+	if t.Interval <= 0 {
+		t.Interval = DefaultReachInterval
+	}
+	if t.Deadline <= 0 {
+		t.Deadline = DefaultReachDeadline
+	}
+	if t.SlowInterval <= 0 {
+		t.SlowInterval = DefaultReachSlowInterval
+	}
+	return t
+}
+
+// WatchReachability reports a declared tcp port's reachability at
+// host:port: checking at once, then a probe every Interval; the first
+// successful connect reports reachable and ends the watch. If the port is
+// still unreachable Deadline after the start, unreachable is reported once
+// and probing goes on every SlowInterval. It blocks until reachable or ctx
+// ends.
+func WatchReachability(ctx context.Context, host string, port int, app string, sink ReachSink, tm ReachTiming) {
+	tm = tm.withDefaults()
+	sink.Reachability(app, port, contract.ReachChecking)
+	addr := net.JoinHostPort(host, strconv.Itoa(port))
+	probe := time.NewTimer(0)
+	defer probe.Stop()
+	deadline := time.NewTimer(tm.Deadline)
+	defer deadline.Stop()
+	interval := tm.Interval
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-deadline.C:
+			sink.Reachability(app, port, contract.ReachUnreachable)
+			interval = tm.SlowInterval
+			continue
+		case <-probe.C:
+		}
+		if reachable(ctx, addr) {
+			sink.Reachability(app, port, contract.ReachReachable)
+			return
+		}
+		probe.Reset(interval)
+	}
+}
+
+func reachable(ctx context.Context, addr string) bool {
+	d := net.Dialer{Timeout: ProbeTimeout}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return false
+	}
+	_ = c.Close() // a probe connection; nothing was sent
+	return true
+}

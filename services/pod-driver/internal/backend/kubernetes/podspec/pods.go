@@ -1,0 +1,201 @@
+package podspec
+
+import (
+	"encoding/base64"
+	"fmt"
+	"path"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/services/pod-driver/internal/backend"
+)
+
+// MaxBundleBytes bounds a run bundle delivered as a ConfigMap: the API
+// server refuses objects over 1 MiB, and keys, paths and metadata need
+// room.
+const MaxBundleBytes = 1<<20 - 64<<10
+
+// Scratch volumes (emptyDir) and their mount paths (11.3, 11.4).
+var scratch = []struct{ name, path string }{
+	{"work", "/work"}, {"home", "/home/telo"}, {"tmp", "/tmp"},
+}
+
+func objectMeta(p Params, name, sessionID string) metav1.ObjectMeta {
+	return metav1.ObjectMeta{
+		Name:      name,
+		Namespace: p.Namespace,
+		Labels:    map[string]string{LabelManagedBy: p.ManagedBy, LabelSession: sessionID},
+	}
+}
+
+func basePodSpec(p Params, ttl int64) corev1.PodSpec {
+	s := corev1.PodSpec{
+		RestartPolicy:                corev1.RestartPolicyNever,
+		ActiveDeadlineSeconds:        new(ttl),
+		AutomountServiceAccountToken: new(false),
+		SecurityContext:              podSecurity(),
+		EnableServiceLinks:           new(false), // no Service env leaks into workloads (10.6)
+	}
+	if p.ImagePullSecret != "" {
+		s.ImagePullSecrets = []corev1.LocalObjectReference{{Name: p.ImagePullSecret}}
+	}
+	if p.RuntimeClass != "" {
+		s.RuntimeClassName = new(p.RuntimeClass)
+	}
+	return s
+}
+
+// containerPorts documents ports (11.3: documentation only), one entry
+// per protocol/port.
+func containerPorts(ports []contract.PortMapping) []corev1.ContainerPort {
+	ports = Dedupe(ports)
+	if len(ports) == 0 {
+		return nil
+	}
+	out := make([]corev1.ContainerPort, 0, len(ports))
+	for _, pm := range ports {
+		proto := corev1.ProtocolTCP
+		if protocol(pm) == "udp" {
+			proto = corev1.ProtocolUDP
+		}
+		out = append(out, corev1.ContainerPort{Name: PortName(pm), ContainerPort: int32(pm.Port), Protocol: proto})
+	}
+	return out
+}
+
+func image(cfg contract.SessionConfig, def string) string {
+	if cfg.Image != "" {
+		return cfg.Image
+	}
+	return def
+}
+
+// singleApp is the one app of a run or app session.
+func singleApp(spec backend.Spec) (backend.App, error) {
+	switch len(spec.Apps) {
+	case 0:
+		return backend.App{Name: contract.DefaultApp, Entry: spec.Bundle.EntryRelativePath, IO: contract.IOTTY}, nil
+	case 1:
+		return spec.Apps[0], nil
+	default:
+		return backend.App{}, fmt.Errorf("a run session has exactly one app, got %d", len(spec.Apps))
+	}
+}
+
+// Run builds a run session's pod and the ConfigMap that delivers its
+// bundle (contract 11.3, with the bundle as a ConfigMap volume at /app
+// instead of the init container's fetch: see the package kubernetes
+// doc). The ConfigMap has one binaryData key per file (f0, f1, …, valid
+// keys whatever the path) mapped to the file's normalized path. The
+// caller creates the ConfigMap first and owner-references it to the pod.
+func Run(p Params, spec backend.Spec) (*corev1.Pod, *corev1.ConfigMap, error) {
+	app, err := singleApp(spec)
+	if err != nil {
+		return nil, nil, err
+	}
+	entry, err := contract.NormalizePath(app.Entry)
+	if err != nil {
+		return nil, nil, fmt.Errorf("entry: %w", err)
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: objectMeta(p, BundleConfigMapName(spec.SessionID), spec.SessionID), BinaryData: map[string][]byte{}}
+	items := make([]corev1.KeyToPath, 0, len(spec.Bundle.Files))
+	total := 0
+	seen := make(map[string]bool)
+	for i, f := range spec.Bundle.Files {
+		rel, err := contract.NormalizePath(f.RelativePath)
+		if err != nil {
+			return nil, nil, err
+		}
+		if seen[rel] {
+			return nil, nil, fmt.Errorf("bundle file %s appears twice", rel)
+		}
+		seen[rel] = true
+		data := []byte(f.Contents)
+		if f.Encoding == "base64" {
+			if data, err = base64.StdEncoding.DecodeString(f.Contents); err != nil {
+				return nil, nil, fmt.Errorf("decode bundle file %s: %w", rel, err)
+			}
+		}
+		key := "f" + strconv.Itoa(i)
+		cm.BinaryData[key] = data
+		items = append(items, corev1.KeyToPath{Key: key, Path: rel})
+		total += len(data) + len(rel) + len(key)
+	}
+	if total > MaxBundleBytes {
+		return nil, nil, fmt.Errorf("bundle is %d bytes; a ConfigMap holds at most %d", total, MaxBundleBytes)
+	}
+
+	pod := &corev1.Pod{ObjectMeta: objectMeta(p, RunPodName(spec.SessionID), spec.SessionID)}
+	ttl := p.RunLimits.TTLSeconds
+	pod.Spec = basePodSpec(p, ttl)
+	cmd := []string{"telo", "run", path.Join("/app", entry), "--no-cache-write"}
+	if spec.Inspect {
+		cmd = append(cmd, "--inspect", "0.0.0.0:"+strconv.Itoa(FirstInspectPort), "--no-open")
+	}
+	c := corev1.Container{
+		Name:            ContainerSession,
+		Image:           image(spec.Config, p.KernelImage),
+		ImagePullPolicy: corev1.PullIfNotPresent,
+		WorkingDir:      "/work",
+		Command:         cmd,
+		Env: envVars(sessionEnv(spec.Env, "TELO_CACHE_DIR", "HOME", "npm_config_cache", "FORCE_COLOR"), map[string]string{
+			"TELO_CACHE_DIR": "/telo-cache", "HOME": "/home/telo",
+			"npm_config_cache": "/home/telo/.npm", "FORCE_COLOR": "1",
+		}),
+		Stdin:           true,
+		TTY:             app.IO != contract.IOStreams,
+		Ports:           containerPorts(app.Ports),
+		Resources:       resources(p.RunLimits),
+		VolumeMounts:    []corev1.VolumeMount{{Name: "app", MountPath: "/app", ReadOnly: true}},
+		SecurityContext: Hardened(),
+	}
+	pod.Spec.Volumes = []corev1.Volume{{Name: "app", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+		LocalObjectReference: corev1.LocalObjectReference{Name: cm.Name},
+		Items:                items,
+	}}}}
+	for _, s := range scratch {
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: s.name, MountPath: s.path})
+		pod.Spec.Volumes = append(pod.Spec.Volumes, emptyDir(s.name))
+	}
+	pod.Spec.Containers = []corev1.Container{c}
+	return pod, cm, nil
+}
+
+func emptyDir(name string) corev1.Volume {
+	return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}
+}
+
+// App builds an operator app session's pod (contract 11.6): the catalog
+// image with its own entrypoint, the merged env, app ceilings, no
+// volumes. Unlike the reference it sets pod-level runAsNonRoot (19 item
+// 23) so the pod passes the restricted Pod Security Standard.
+func App(p Params, spec backend.Spec) (*corev1.Pod, error) {
+	app, err := singleApp(spec)
+	if err != nil {
+		return nil, err
+	}
+	if spec.Config.Image == "" {
+		return nil, fmt.Errorf("an app session needs its catalog image")
+	}
+	pod := &corev1.Pod{ObjectMeta: objectMeta(p, RunPodName(spec.SessionID), spec.SessionID)}
+	pod.Spec = basePodSpec(p, p.AppLimits.TTLSeconds)
+	pod.Spec.SecurityContext = &corev1.PodSecurityContext{
+		RunAsNonRoot:   new(true),
+		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+	pod.Spec.Containers = []corev1.Container{{
+		Name:            ContainerSession,
+		Image:           spec.Config.Image,
+		ImagePullPolicy: PullPolicy(spec.Config.PullPolicy),
+		Env:             envVars(spec.Env, map[string]string{"FORCE_COLOR": "1"}),
+		Stdin:           true,
+		TTY:             app.IO != contract.IOStreams,
+		Ports:           containerPorts(app.Ports),
+		Resources:       resources(p.AppLimits),
+		SecurityContext: relaxed(),
+	}}
+	return pod, nil
+}
