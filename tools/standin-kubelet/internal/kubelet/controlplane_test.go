@@ -131,7 +131,7 @@ func (cp *controlPlane) start(t *testing.T, dir, name, path string, args ...stri
 			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 			<-done
 		}
-		logFile.Close()
+		_ = logFile.Close()
 		if t.Failed() {
 			if b, err := os.ReadFile(logPath); err == nil {
 				t.Logf("%s log (tail):\n%s", name, tail(string(b), 40))
@@ -154,7 +154,7 @@ func (cp *controlPlane) waitReady(t *testing.T, timeout time.Duration) {
 		resp, err := client.Do(req)
 		if err == nil {
 			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
+			_ = resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return
 			}
@@ -195,7 +195,7 @@ func freePort(t *testing.T) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
+	defer func() { _ = ln.Close() }()
 	return ln.Addr().(*net.TCPAddr).Port
 }
 

@@ -178,7 +178,7 @@ func (k *Kubelet) VolumeMode() sandbox.VolumeMode { return k.cfg.Volumes }
 // Run registers the node and runs pods until ctx is done; then it kills
 // every pod's processes and returns nil. An error means it could not start.
 func (k *Kubelet) Run(ctx context.Context) error {
-	defer k.ln.Close()
+	defer func() { _ = k.ln.Close() }()
 	if err := k.registerNode(ctx); err != nil {
 		return err
 	}

@@ -135,7 +135,11 @@ func (k *Kubelet) syncPod(ctx context.Context, key string) error {
 			return k.writeStatus(ctx, pod, e)
 		}
 		if err := k.writeStatus(ctx, pod, e); err != nil {
-			return err
+			if !apierrors.IsInvalid(err) {
+				return err
+			}
+			// A status the API refuses must not keep the pod around.
+			k.log.Warn("write final status", "pod", key, "err", err)
 		}
 		if err := k.finishDeletion(ctx, pod); err != nil {
 			return err
@@ -289,6 +293,9 @@ func (k *Kubelet) putStatus(ctx context.Context, pod *v1.Pod, compute func(*v1.P
 		next := current.DeepCopy()
 		next.Status = st
 		_, err := pods.UpdateStatus(ctx, next, metav1.UpdateOptions{})
+		if err == nil {
+			k.log.Debug("pod status written", "pod", pod.Namespace+"/"+pod.Name, "phase", st.Phase)
+		}
 		if apierrors.IsConflict(err) {
 			fresh, gerr := pods.Get(ctx, pod.Name, metav1.GetOptions{})
 			if gerr != nil {

@@ -130,7 +130,7 @@ func bind(source int, m Mount) error {
 			return fmt.Errorf("create mount point %s: %w", m.Target, err)
 		}
 		if f != nil {
-			f.Close()
+			_ = f.Close()
 		}
 	}
 	src := fmt.Sprintf("/proc/self/fd/%d", source)

@@ -69,8 +69,8 @@ func Prepare(cmd *exec.Cmd, helper string, spec Spec, argv []string) (finish fun
 	spec.StatusFD = 3 + len(cmd.ExtraFiles)
 	raw, err := json.Marshal(spec)
 	if err != nil {
-		r.Close()
-		w.Close()
+		_ = r.Close()
+		_ = w.Close()
 		return nil, fmt.Errorf("encode mount spec: %w", err)
 	}
 	cmd.Path = helper
@@ -82,8 +82,8 @@ func Prepare(cmd *exec.Cmd, helper string, spec Spec, argv []string) (finish fun
 	}
 	cmd.SysProcAttr.Unshareflags |= syscall.CLONE_NEWNS
 	return func(startErr error) error {
-		w.Close()
-		defer r.Close()
+		_ = w.Close()
+		defer func() { _ = r.Close() }()
 		if startErr != nil {
 			return startErr
 		}
@@ -112,12 +112,12 @@ func Probe(helper, scratch string) error {
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(src)
+	defer func() { _ = os.RemoveAll(src) }()
 	dst, err := os.MkdirTemp(scratch, "probe-dst-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dst)
+	defer func() { _ = os.RemoveAll(dst) }()
 	cmd := &exec.Cmd{Env: []string{}}
 	finish, err := Prepare(cmd, helper, Spec{
 		Mounts:      []Mount{{Source: src, Target: dst}},
@@ -146,7 +146,7 @@ func Main() {
 	if !ok {
 		return
 	}
-	os.Unsetenv(envSpec)
+	_ = os.Unsetenv(envSpec)
 	var spec Spec
 	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
 		fail(3, fmt.Errorf("decode mount spec: %w", err))

@@ -1,6 +1,7 @@
 package podip
 
 import (
+	"errors"
 	"net/netip"
 	"testing"
 )
@@ -68,7 +69,7 @@ func TestPoolExhausted(t *testing.T) {
 		}
 		last = ip
 	}
-	if _, err := p.Allocate(); err != ErrExhausted {
+	if _, err := p.Allocate(); !errors.Is(err, ErrExhausted) {
 		t.Fatalf("Allocate() on a full pool error = %v, want %v", err, ErrExhausted)
 	}
 	p.Release(last)

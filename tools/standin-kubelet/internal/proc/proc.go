@@ -102,7 +102,7 @@ func Start(spec Spec) (*Process, error) {
 	var readers []*os.File
 	closeAll := func(fs []*os.File) {
 		for _, f := range fs {
-			f.Close()
+			_ = f.Close()
 		}
 	}
 	var stdinW *os.File
@@ -151,10 +151,10 @@ func Start(spec Spec) (*Process, error) {
 		}
 		closeAll(readers)
 		if stdinW != nil {
-			stdinW.Close()
+			_ = stdinW.Close()
 		}
 		if p.tty != nil {
-			p.tty.Close()
+			_ = p.tty.Close()
 		}
 		return nil, fmt.Errorf("start %s: %w", spec.Path, err)
 	}
@@ -206,19 +206,19 @@ func (p *Process) reap(pumps *sync.WaitGroup, readers []*os.File) {
 	case <-time.After(drainTimeout):
 		// A descendant outside the group still holds the stream open.
 		for _, r := range readers {
-			r.Close()
+			_ = r.Close()
 		}
 		if p.tty != nil {
-			p.tty.Close()
+			_ = p.tty.Close()
 		}
 		<-drained
 	}
 	for _, r := range readers {
-		r.Close()
+		_ = r.Close()
 	}
 	p.closeStdin()
 	if p.tty != nil {
-		p.tty.Close()
+		_ = p.tty.Close()
 	}
 	p.stdout.close()
 	if p.stderr != nil {
@@ -255,7 +255,7 @@ func (p *Process) startStdin(w *os.File) {
 			case b := <-p.stdin:
 				if b == nil {
 					if p.tty == nil {
-						w.Close()
+						_ = w.Close()
 					} else {
 						// A pty has no half-close: send EOF (^D).
 						_, _ = w.Write([]byte{4})
@@ -267,7 +267,7 @@ func (p *Process) startStdin(w *os.File) {
 				}
 			case <-p.stdinDone:
 				if p.tty == nil {
-					w.Close()
+					_ = w.Close()
 				}
 				return
 			}

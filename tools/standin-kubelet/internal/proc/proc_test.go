@@ -209,7 +209,7 @@ func TestStdinStaysOpenBetweenSessions(t *testing.T) {
 		if _, err := inW.Write([]byte(word + "\n")); err != nil {
 			t.Fatal(err)
 		}
-		inW.Close() // the session's input ends; stdin of the process must not
+		_ = inW.Close() // the session's input ends; stdin of the process must not
 		waitFor(t, "the echo of "+word, func() bool { return strings.Contains(out.String(), "got:"+word) })
 		cancel()
 		if err := <-res; err != nil {

@@ -19,22 +19,22 @@ func openPTY() (master, slave *os.File, err error) {
 	// pty.Open used m.Fd(), which leaves m blocking and outside the
 	// poller; a non-blocking duplicate is registered with it.
 	fd, err := unix.Dup(int(m.Fd()))
-	m.Close()
+	_ = m.Close()
 	if err == nil {
 		unix.CloseOnExec(fd)
 		err = unix.SetNonblock(fd, true)
 		if err != nil {
-			unix.Close(fd)
+			_ = unix.Close(fd)
 		}
 	}
 	if err != nil {
-		slave.Close()
+		_ = slave.Close()
 		return nil, nil, fmt.Errorf("open pty: %w", err)
 	}
 	master = os.NewFile(uintptr(fd), "/dev/ptmx")
 	if err := setSize(master, Size{Width: 80, Height: 24}); err != nil {
-		master.Close()
-		slave.Close()
+		_ = master.Close()
+		_ = slave.Close()
 		return nil, nil, fmt.Errorf("size pty: %w", err)
 	}
 	return master, slave, nil

@@ -139,8 +139,10 @@ func (s *Sandbox) processSpec(ctx context.Context, c *v1.Container, vols map[str
 	if err != nil {
 		return proc.Spec{}, podstatus.ReasonConfigError, err
 	}
-	switch s.cfg.Volumes {
-	case VolumesMount:
+	switch {
+	case s.cfg.Volumes == VolumesMount && len(ms) > 0:
+		// Only containers that mount something pay for the helper (a
+		// re-exec of the kubelet binary, some tens of milliseconds).
 		spec.Helper = s.cfg.Helper
 		spec.Mount = &mountns.Spec{Mounts: ms, Dir: c.WorkingDir, FallbackDir: s.cfg.Dir, Path: path}
 	default:

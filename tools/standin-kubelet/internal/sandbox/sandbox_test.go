@@ -192,6 +192,57 @@ test "$(cat `+ws+`/cfg/key)" = cm-value
 	}
 }
 
+// TestWatchPodShape runs the contract's watch-app command, a shell that
+// waits for its entry file and then execs the image's program by name,
+// with the program under a directory that a volume covers (as /tmp does).
+func TestWatchPodShape(t *testing.T) {
+	root := t.TempDir()
+	covered := filepath.Join(root, "tmp")
+	bin := filepath.Join(covered, "bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(root, "out")
+	if err := os.WriteFile(filepath.Join(bin, "telo"), []byte("#!/bin/sh\necho \"telo $*\" > "+out+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ws := filepath.Join(root, "workspace")
+	c := v1.Container{Name: "app-a", Image: "registry.local/telo:1",
+		Command: []string{"sh", "-c", `while [ ! -f "$TELO_ENTRY" ]; do sleep 0.05; done; exec telo run "$TELO_ENTRY" --watch`},
+		Env:     []v1.EnvVar{{Name: "TELO_ENTRY", Value: ws + "/main.yaml"}},
+		VolumeMounts: []v1.VolumeMount{
+			{Name: "workspace", MountPath: ws},
+			{Name: "tmp", MountPath: covered, SubPath: "app-a"},
+		},
+	}
+	writer := shell("workspace", "echo kind: App > "+ws+"/main.yaml")
+	writer.VolumeMounts = []v1.VolumeMount{{Name: "workspace", MountPath: ws}}
+	p := pod(c, writer)
+	p.Spec.Volumes = []v1.Volume{
+		{Name: "workspace", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}},
+		{Name: "tmp", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}},
+	}
+
+	self, _ := os.Executable()
+	images, err := imagemap.Parse("busybox=/bin/sh,registry.local/telo=" + filepath.Join(bin, "telo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := New(Config{Pod: p, IP: "127.9.0.4", HostIP: "127.0.0.1", Dir: t.TempDir(), Images: images,
+		Volumes: VolumesMount, Helper: self, Objects: objects{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb.Run(t.Context())
+	st := podstatus.Compute(sb.Pod(), sb.Snapshot(), time.Now())
+	if st.Phase != v1.PodSucceeded {
+		t.Fatalf("phase = %s, want Succeeded; %+v", st.Phase, st.ContainerStatuses)
+	}
+	if b, err := os.ReadFile(out); err != nil || string(b) != "telo run "+ws+"/main.yaml --watch\n" {
+		t.Errorf("program output = %q, %v, want the entry and flags", b, err)
+	}
+}
+
 func TestEnvVolumeMode(t *testing.T) {
 	c := shell("main", `set -e; test -d "$TELO_VOLUME_MY_VOL"; pwd > "$TELO_VOLUME_MY_VOL/pwd"`)
 	c.VolumeMounts = []v1.VolumeMount{{Name: "my-vol", MountPath: "/does/not/exist"}}
