@@ -188,9 +188,6 @@ func BenchmarkCheckpoint(b *testing.B) {
 // TestPrintCheckpointBytes prints, for the benchmark workspace, the bytes
 // each kind of checkpoint moves, against the reference's full snapshot.
 func TestPrintCheckpointBytes(t *testing.T) {
-	if testing.Short() {
-		t.Skip("measurement; skipped in -short")
-	}
 	r := newRig(t)
 	snap := r.measure(t, func() checkpoint.Stats { return r.snapshot(t) })
 	first := r.measure(t, func() checkpoint.Stats { return r.take(t) })

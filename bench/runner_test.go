@@ -22,6 +22,7 @@ import (
 
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/session"
+	"github.com/telorunner/telorunner/pkg/testkit"
 	"github.com/telorunner/telorunner/services/telorunner/allinone"
 )
 
@@ -145,8 +146,15 @@ func BenchmarkSSEFanout(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	// Let the session settle so only our events flow.
-	time.Sleep(2 * time.Second) //nolint:forbidigo // benchmark warm-up
+	// Let the session settle (running, kernel started) so only our events flow.
+	settled := func() bool {
+		r, err := store.Events.Tail(context.Background(), "runner.evt."+id)
+		rec, _, gerr := store.Get(context.Background(), id)
+		return err == nil && gerr == nil && rec.Status.Kind == contract.StatusRunning && r > 0
+	}
+	if !testkit.Poll(context.Background(), 30*time.Second, settled) {
+		b.Fatal("session did not reach running")
+	}
 	tr := &http.Transport{MaxIdleConnsPerHost: subscribers, MaxConnsPerHost: 0}
 	client := &http.Client{Transport: tr}
 	ctx, cancel := context.WithCancel(context.Background())

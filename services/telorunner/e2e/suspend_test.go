@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/testkit"
 )
 
 var fastSupervisor = map[string]string{
@@ -34,21 +35,20 @@ func merge(ms ...map[string]string) map[string]string {
 // presence) until the status kind is want.
 func waitStatus(t *testing.T, r *runner, id, want string, timeout time.Duration) map[string]any {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
 	var doc map[string]any
-	for {
-		resp := do(t, "GET", r.URL+"/v1/sessions/"+id, nil, nil)
-		if resp.Status == 200 {
-			resp.json(t, &doc)
-			if doc["status"].(map[string]any)["kind"] == want {
-				return doc
-			}
+	var resp response
+	reached := testkit.Poll(context.Background(), timeout, func() bool {
+		resp = do(t, "GET", r.URL+"/v1/sessions/"+id, nil, nil)
+		if resp.Status != 200 {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("session %s did not reach %s within %v; last %d %s", id, want, timeout, resp.Status, resp.Body)
-		}
-		time.Sleep(50 * time.Millisecond) //nolint:forbidigo // polling an HTTP status with a deadline
+		resp.json(t, &doc)
+		return doc["status"].(map[string]any)["kind"] == want
+	})
+	if !reached {
+		t.Fatalf("session %s did not reach %s within %v; last %d %s", id, want, timeout, resp.Status, resp.Body)
 	}
+	return doc
 }
 
 func tree(t *testing.T, r *runner, id string) string {
@@ -172,8 +172,11 @@ func TestPresenceKeepsSessionsAwake(t *testing.T) {
 	<-io.Frames
 	waitStatus(t, r, alone.SessionID, "suspended", 30*time.Second)
 	// Well past the idle window, the watched ones are still running.
+	// Well past the idle window (4 s against 3 s), check every 100 ms.
 	deadline := time.Now().Add(4 * time.Second)
-	for time.Now().Before(deadline) {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for ; time.Now().Before(deadline); <-tick.C {
 		for _, id := range []string{withSSE.SessionID, withIO.SessionID} {
 			var doc map[string]any
 			do(t, "GET", r.URL+"/v1/sessions/"+id, nil, nil).json(t, &doc)
@@ -181,7 +184,6 @@ func TestPresenceKeepsSessionsAwake(t *testing.T) {
 				t.Fatalf("watched session %s is %v", id, k)
 			}
 		}
-		time.Sleep(100 * time.Millisecond) //nolint:forbidigo // observing that nothing happens for a while
 	}
 	sse.Close()
 	_ = io.Close()
@@ -250,13 +252,9 @@ func TestSuspendedTTLEvictsEverything(t *testing.T) {
 	r := watchRunner(t, merge(fastSupervisor, map[string]string{"RUNNER_WATCH_SUSPENDED_TTL_SECONDS": "1"}))
 	c := seedWatch(t, r)
 	waitStatus(t, r, c.SessionID, "suspended", 30*time.Second)
-	deadline := time.Now().Add(30 * time.Second)
-	for do(t, "GET", r.URL+"/v1/sessions/"+c.SessionID, nil, nil).Status != 404 {
-		if time.Now().After(deadline) {
-			t.Fatal("suspended session not evicted")
-		}
-		time.Sleep(50 * time.Millisecond) //nolint:forbidigo // polling with a deadline
-	}
+	testkit.Eventually(t, 30*time.Second, func() bool {
+		return do(t, "GET", r.URL+"/v1/sessions/"+c.SessionID, nil, nil).Status == 404
+	}, "suspended session not evicted")
 	nc, err := nats.Connect(r.NATSURL)
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 	k8s "k8s.io/client-go/kubernetes"
 
 	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/pkg/testkit"
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend"
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/kernelwire"
 	kube "github.com/telorunner/telorunner/services/pod-driver/internal/backend/kubernetes"
@@ -194,12 +195,8 @@ func (r *recorder) events(app string) []string {
 
 func poll(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(waitLong)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
+	if !testkit.Poll(context.Background(), waitLong, cond) {
+		t.Fatalf("timed out waiting for %s", what)
 	}
 }
 
@@ -499,8 +496,7 @@ func TestAdoptRunSession(t *testing.T) {
 		t.Fatalf("Adopt() error = %v", err)
 	}
 	poll(t, "adopted stdin echo", func() bool {
-		_ = w2.Stdin("app", []byte("again\n"))
-		time.Sleep(100 * time.Millisecond) // pace the retries while the attach comes up
+		_ = w2.Stdin("app", []byte("again\n")) // resent each poll until the attach is up
 		return strings.Contains(second.output("app"), "echo: again")
 	})
 	if got := second.events("app"); len(got) != 0 {
