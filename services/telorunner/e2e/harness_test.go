@@ -36,7 +36,9 @@ func TestMain(m *testing.M) {
 	}
 	_, file, _, _ := runtime.Caller(0)
 	driverDir := filepath.Join(filepath.Dir(file), "..", "..", "pod-driver")
-	devkernel = filepath.Join(dir, "devkernel")
+	// Named telo: Kubernetes watch app containers run sh -c '… exec telo …'
+	// and the stand-in kubelet puts the image program's directory first on PATH.
+	devkernel = filepath.Join(dir, "telo")
 	build := exec.Command("go", "build", "-o", devkernel, "./cmd/devkernel")
 	build.Dir = driverDir
 	build.Env = append(os.Environ(), "GOWORK=off")

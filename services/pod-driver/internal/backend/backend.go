@@ -56,8 +56,9 @@ type App struct {
 type Sink interface {
 	// Progress reports a coming-up step (app "" for session-scoped).
 	Progress(phase, message string, done bool, app string)
-	// Running reports the workload is up, with its endpoints.
-	Running(endpoints []contract.Endpoint)
+	// Running reports the workload is up, with its endpoints and, for a
+	// watch session with a co-resident agent, the agent's endpoint.
+	Running(endpoints []contract.Endpoint, agent *contract.Endpoint)
 	// Output delivers bytes an app wrote; tag is contract.TagTTY,
 	// TagStdout or TagStderr.
 	Output(app string, tag byte, p []byte)
@@ -102,9 +103,17 @@ type Workload interface {
 // WatchWorkload is the extra surface of a watch session's workload.
 type WatchWorkload interface {
 	Workload
-	// WatchPorts starts reachability watchers for tcp ports an app newly
-	// declared after a reload (11.7: not re-armed per reload).
+	// SetPorts makes ports app's routed port set after the app declared a
+	// new one (contract 11.8 step 4): the backend re-publishes its routing
+	// (the Kubernetes Service and Ingress). On an error the previous set
+	// stays routed. Conflicts between apps are the caller's to reject first.
+	SetPorts(ctx context.Context, app string, ports []contract.PortMapping) error
+	// WatchPorts starts reachability watchers for app's tcp ports never
+	// watched in this workload (11.8 step 6; 11.7: not re-armed per reload).
 	WatchPorts(app string, ports []contract.PortMapping)
+	// Endpoints is how this workload announces ports, in order (with
+	// ingress hosts where the backend routes them).
+	Endpoints(ports []contract.PortMapping) []contract.Endpoint
 }
 
 // Backend starts workloads.

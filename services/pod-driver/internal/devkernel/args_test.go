@@ -89,3 +89,20 @@ func TestParseArgsErrors(t *testing.T) {
 		})
 	}
 }
+
+func TestPodAddr(t *testing.T) {
+	for _, c := range []struct{ addr, podIP, want string }{
+		{"0.0.0.0:9230", "127.1.0.5", "127.1.0.5:9230"},
+		{":9231", "127.1.0.5", "127.1.0.5:9231"},
+		{"[::]:9230", "127.1.0.5", "127.1.0.5:9230"},
+		{"127.0.0.1:9230", "127.1.0.5", "127.0.0.1:9230"},
+		{"example.test:9230", "127.1.0.5", "example.test:9230"},
+		{"0.0.0.0:9230", "", "0.0.0.0:9230"},
+		{"garbage", "127.1.0.5", "garbage"},
+		{"0.0.0.0:9230", "fd00::5", "[fd00::5]:9230"},
+	} {
+		if got := PodAddr(c.addr, c.podIP); got != c.want {
+			t.Errorf("PodAddr(%q, %q) = %q, want %q", c.addr, c.podIP, got, c.want)
+		}
+	}
+}

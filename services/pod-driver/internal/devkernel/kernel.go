@@ -2,11 +2,13 @@ package devkernel
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -15,7 +17,8 @@ import (
 
 // Environment variables devkernel reads.
 const (
-	EnvBindHost   = "DEVKERNEL_BIND_HOST" // host for declared ports; default 0.0.0.0
+	EnvBindHost   = "DEVKERNEL_BIND_HOST" // host for declared ports; default $POD_IP, else 0.0.0.0
+	EnvPodIP      = "POD_IP"              // the pod's own address, when the platform gives it
 	EnvNoColor    = "NO_COLOR"
 	EnvColorForce = "CLICOLOR_FORCE"
 )
@@ -32,7 +35,8 @@ const (
 // the running generation stops and Main returns as the contract says.
 // stdout and stderr receive unbuffered writes; stdout is checked for a TTY
 // when it is an *os.File. Environment: DEVKERNEL_BIND_HOST, NO_COLOR,
-// CLICOLOR_FORCE.
+// CLICOLOR_FORCE, POD_IP (bind it instead of the wildcard: pods that
+// share a host network, like the stand-in kubelet's, then never collide).
 func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	opts, err := ParseArgs(args)
 	if err != nil {
@@ -43,9 +47,13 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 		fmt.Fprintln(stdout, Usage)
 		return 0
 	}
+	podIP := os.Getenv(EnvPodIP)
 	bindHost := os.Getenv(EnvBindHost)
 	if bindHost == "" {
-		bindHost = defaultBindHost
+		bindHost = cmp.Or(podIP, defaultBindHost)
+	}
+	if opts.Inspect {
+		opts.InspectAddr = PodAddr(opts.InspectAddr, podIP)
 	}
 	tty := isTerminal(stdout)
 	errw := &lockedWriter{w: stderr}
@@ -262,4 +270,17 @@ func (k *kernel) echo(stdin io.Reader) {
 			return
 		}
 	}
+}
+
+// PodAddr narrows a wildcard host:port (0.0.0.0, ::, empty host) to podIP
+// when podIP is set; any other address is returned as given.
+func PodAddr(addr, podIP string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || podIP == "" {
+		return addr
+	}
+	if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) {
+		return addr
+	}
+	return net.JoinHostPort(podIP, port)
 }

@@ -1,7 +1,6 @@
 package driver
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 
@@ -111,52 +110,91 @@ func diffPorts(rec *session.Record, app string, declared []contract.PortMapping)
 	return c, true
 }
 
-func endpointsOf(ports []contract.PortMapping) []contract.Endpoint {
-	out := make([]contract.Endpoint, 0, len(ports))
-	for _, p := range ports {
-		out = append(out, contract.Endpoint{Host: "", Port: p.Port, Protocol: p.Protocol})
-	}
-	return out
-}
-
-// portsResolved applies a Kernel.PortsResolved frame of app: the recorded
-// port set is updated (CAS), an `endpoints` event says what changed, and
-// reachability is watched for added tcp ports.
+// portsResolved applies a Kernel.PortsResolved frame of app (11.8): the
+// routed set changes in the workload first (Service/Ingress on
+// Kubernetes); only then is the recorded set updated (CAS) and an
+// `endpoints` event says what changed. A routing failure rejects the
+// accepted ports with its error and changes nothing (the reference's
+// half-applied set is not reproduced). Calls are serialized per session;
+// a frame that arrives while no workload is running (it is starting) is
+// applied once it runs.
 func (o *owned) portsResolved(app string, payload json.RawMessage) {
 	declared, ok := parsePortsResolved(payload)
 	if !ok || o.rec.Mode != contract.ModeWatch {
 		return
 	}
-	var change portChange
-	_, err := o.store.Update(context.Background(), o.id, func(r *session.Record) error {
-		c, ok := diffPorts(r, app, declared)
+	o.mu.Lock()
+	w, _ := o.w.(backend.WatchWorkload)
+	if w == nil {
+		if o.pendingPorts == nil {
+			o.pendingPorts = map[string]json.RawMessage{}
+		}
+		o.pendingPorts[app] = payload // the latest declaration wins
+		o.mu.Unlock()
+		return
+	}
+	o.mu.Unlock()
+
+	o.portsMu.Lock()
+	defer o.portsMu.Unlock()
+	ctx := o.ctx
+	rec, _, err := o.store.Get(ctx, o.id)
+	if err != nil {
+		o.log.Warn("read session for declared ports", "app", app, "err", err)
+		return
+	}
+	change, ok := diffPorts(&rec, app, declared)
+	if !ok || change.empty() {
+		return
+	}
+	if len(change.added) > 0 || len(change.removed) > 0 {
+		if err := w.SetPorts(ctx, app, change.ports); err != nil {
+			// Only removals failing emits nothing: routing and record
+			// are both unchanged.
+			o.log.Warn("route declared ports", "app", app, "err", err)
+			if len(change.added) > 0 {
+				ev := contract.Event{Type: contract.EventEndpoints, App: app}
+				for _, p := range change.added {
+					ev.Rejected = append(ev.Rejected, contract.Rejected{Port: p.Port, Reason: err.Error()})
+				}
+				o.enqueue(ev)
+			}
+			return
+		}
+	}
+	_, err = o.store.Update(ctx, o.id, func(r *session.Record) error {
+		a, ok := r.App(app)
 		if !ok {
 			return fmt.Errorf("no app %s", app)
 		}
-		change = c
-		a, _ := r.App(app)
-		a.Ports = c.ports
+		a.Ports = change.ports
 		return nil
 	})
 	if err != nil {
 		o.log.Warn("record declared ports", "app", app, "err", err)
 		return
 	}
-	if change.empty() {
-		return
-	}
 	ev := contract.Event{Type: contract.EventEndpoints, App: app, Rejected: change.rejected}
 	if len(change.added) > 0 {
-		ev.Added = endpointsOf(change.added)
+		ev.Added = w.Endpoints(change.added)
 	}
 	if len(change.removed) > 0 {
-		ev.Removed = endpointsOf(change.removed)
+		ev.Removed = w.Endpoints(change.removed)
 	}
 	o.enqueue(ev)
+	if len(change.added) > 0 {
+		w.WatchPorts(app, change.added)
+	}
+}
+
+// applyPendingPorts applies the port declarations that arrived while the
+// workload was starting.
+func (o *owned) applyPendingPorts() {
 	o.mu.Lock()
-	w := o.w
+	pending := o.pendingPorts
+	o.pendingPorts = nil
 	o.mu.Unlock()
-	if ww, ok := w.(backend.WatchWorkload); ok && len(change.added) > 0 {
-		ww.WatchPorts(app, change.added)
+	for app, payload := range pending {
+		o.portsResolved(app, payload)
 	}
 }

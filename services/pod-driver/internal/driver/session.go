@@ -41,10 +41,14 @@ type owned struct {
 	evDone  chan struct{}
 	flushMu sync.Mutex
 
-	mu       sync.Mutex
-	w        backend.Workload
-	next     intent
-	shutdown atomic.Bool // driver shutting down: end as stopped
+	mu sync.Mutex
+	w  backend.Workload
+	// pendingPorts holds PortsResolved payloads per app that arrived
+	// while no workload was set (it was starting).
+	pendingPorts map[string]json.RawMessage
+	portsMu      sync.Mutex // serializes port-set changes
+	next         intent
+	shutdown     atomic.Bool // driver shutting down: end as stopped
 	// adopting: the first workload is an existing one to re-attach to
 	// (its driver died), not a new start.
 	adopting bool
@@ -273,10 +277,13 @@ func (o *owned) runOnce() *contract.Status {
 		// DELETE (or suspend, or a change) arrived while starting (4.4.4):
 		// stop the new workload now.
 		_ = w.Stop(context.Background())
+	} else {
+		o.applyPendingPorts()
 	}
 	<-w.Done()
 	o.mu.Lock()
 	o.w = nil
+	o.pendingPorts = nil
 	in = o.next
 	if in == intentRecreate {
 		o.next = intentNone

@@ -15,16 +15,12 @@ func (o *owned) Progress(phase, message string, done bool, app string) {
 	o.enqueue(contract.Event{Type: contract.EventProgress, Phase: phase, Message: message, Done: done, App: app})
 }
 
-func (o *owned) Running(endpoints []contract.Endpoint) {
+func (o *owned) Running(endpoints []contract.Endpoint, agent *contract.Endpoint) {
 	o.flush()
 	if endpoints == nil {
 		endpoints = []contract.Endpoint{}
 	}
-	st := contract.Status{Kind: contract.StatusRunning, Endpoints: endpoints}
-	if rec := o.record(); rec.Launch.AgentSpec != nil && rec.Mode == contract.ModeWatch {
-		a := rec.Launch.AgentSpec
-		st.Agent = &contract.Endpoint{Host: "", Port: a.Port, Protocol: "tcp"}
-	}
+	st := contract.Status{Kind: contract.StatusRunning, Endpoints: endpoints, Agent: agent}
 	_, err := o.store.SetStatus(context.Background(), o.id, st, nil)
 	if err != nil && !errors.Is(err, session.ErrTerminal) {
 		o.log.Error("set running", "err", err)

@@ -16,7 +16,7 @@ import (
 type Config struct {
 	Dir     string   // WORKSPACE_DIR, default /workspace; must be a directory.
 	Port    int      // PORT, default 8099.
-	Bind    string   // WORKSPACE_BIND, default 0.0.0.0; an IP literal.
+	Bind    string   // WORKSPACE_BIND, default $POD_IP, else 0.0.0.0; an IP literal.
 	Exclude []string // WORKSPACE_EXCLUDE, a JSON array of names; nil = defaults.
 }
 
@@ -33,6 +33,14 @@ func loadConfig(getenv func(string) string) (Config, error) {
 			return Config{}, fmt.Errorf("PORT: %q is not a port number (1-65535)", v)
 		}
 		cfg.Port = p
+	}
+	// POD_IP (when the platform sets it) narrows the wildcard: pods that
+	// share one host network, like the stand-in kubelet's, never collide.
+	if v := getenv("POD_IP"); v != "" {
+		if net.ParseIP(v) == nil {
+			return Config{}, fmt.Errorf("POD_IP: %q is not an IP address", v)
+		}
+		cfg.Bind = v
 	}
 	if v := getenv("WORKSPACE_BIND"); v != "" {
 		cfg.Bind = v

@@ -22,19 +22,19 @@
 //   - Watch pods use restartPolicy Always (19 item 16): a dead app
 //     container restarts; each termination is reported once through
 //     RunEnded (tracked by restartCount) and its debug relay restarts
-//     against the new inspection server. App containers run
-//     [telo run --watch --inspect $(TELO_INSPECT_ADDR) --no-open
-//     $(TELO_ENTRY)] without the sh -c entry wait of 10.1 (the kernel image
-//     need not have a shell); an entry that does not exist yet makes the
-//     kernel wait under --watch, or the container restarts.
+//     against the new inspection server. App containers run 10.1's
+//     sh -c entry wait, then exec telo with the flags before the path
+//     (podspec.WatchAppCommand): a kernel started before the workspace is
+//     seeded would report a failed first run.
 //   - The workspace container is telorunner's workspace-server image with
 //     env exactly PORT=8099 and WORKSPACE_DIR=/workspace, so there is no
 //     workspace-app ConfigMap (11.9).
 //   - App-session pods set pod-level runAsNonRoot (19 item 23).
 //   - Port names are <proto>-<port> (19 item 27).
-//   - Live port changes: WatchWorkload.SetPorts re-publishes and rolls
-//     back on failure (19 item 19); WatchPorts adds newly declared ports
-//     to routing best-effort and watches their reachability.
+//   - Live port changes: the driver calls WatchWorkload.SetPorts with an
+//     app's new accepted set; it re-publishes the Service and Ingress and
+//     rolls back on failure (19 item 19), then watches the reachability
+//     of newly routed tcp ports. Endpoints carry the ingress hosts.
 //   - Client throttling: WithThrottle sets QPS 50 / Burst 100 (see
 //     ClientQPS).
 //

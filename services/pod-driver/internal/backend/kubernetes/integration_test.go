@@ -43,7 +43,9 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	bins.devkernel = filepath.Join(dir, "devkernel")
+	// Named telo: watch app containers run sh -c '… exec telo …' and the
+	// stand-in kubelet puts the image program's directory first on PATH.
+	bins.devkernel = filepath.Join(dir, "telo")
 	bins.workspace = filepath.Join(dir, "workspace-server")
 	root, err := filepath.Abs("../../..") // services/pod-driver
 	if err == nil {
@@ -137,7 +139,7 @@ func (r *recorder) Progress(phase, msg string, done bool, app string) {
 	defer r.mu.Unlock()
 	r.progress = append(r.progress, phase+": "+msg)
 }
-func (r *recorder) Running(eps []contract.Endpoint) {
+func (r *recorder) Running(eps []contract.Endpoint, _ *contract.Endpoint) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.running = eps
@@ -346,10 +348,11 @@ func TestWatchSession(t *testing.T) {
 	svcs, ings := c.admin.CoreV1().Services(c.env.Namespace), c.admin.NetworkingV1().Ingresses(c.env.Namespace)
 	checkRouting(t, ctx, c, id, w, []string{"tcp-18081"})
 	// Live port change: add udp and tcp ports to worker.
-	eps, err := w.SetPorts(ctx, "worker", []contract.PortMapping{{Port: 18090, Protocol: "tcp"}, {Port: 18081, Protocol: "udp"}})
-	if err != nil {
+	workerPorts := []contract.PortMapping{{Port: 18090, Protocol: "tcp"}, {Port: 18081, Protocol: "udp"}}
+	if err := w.SetPorts(ctx, "worker", workerPorts); err != nil {
 		t.Fatalf("SetPorts() error = %v", err)
 	}
+	eps := w.Endpoints(workerPorts)
 	if len(eps) != 2 || eps[0].Host != "18090-"+id+"."+domain || eps[1].Host != "" {
 		t.Errorf("SetPorts() endpoints = %+v", eps)
 	}

@@ -11,6 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/kubernetes/podspec"
 )
 
 // rearmDelay is the pause before re-arming a pod watch that could not be
@@ -194,11 +196,11 @@ func podFailureMessage(pod *corev1.Pod) string {
 // firstExitCode is the first container's terminated exit code (11.13:
 // default 0).
 func firstExitCode(pod *corev1.Pod) int {
-	if len(pod.Status.ContainerStatuses) == 0 {
-		return 0
-	}
-	if t := pod.Status.ContainerStatuses[0].State.Terminated; t != nil {
-		return int(t.ExitCode)
+	// The session container by name, not the first status (19 item 37).
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.Name == podspec.ContainerSession && cs.State.Terminated != nil {
+			return int(cs.State.Terminated.ExitCode)
+		}
 	}
 	return 0
 }

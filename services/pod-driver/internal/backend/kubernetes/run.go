@@ -73,7 +73,7 @@ func (b *Backend) startRun(ctx context.Context, spec backend.Spec, sink backend.
 	if running.Status.Phase == corev1.PodRunning {
 		w.attach(false)
 	}
-	sink.Running(podspec.Endpoints(b.params, spec.SessionID, a.Ports))
+	sink.Running(podspec.Endpoints(b.params, spec.SessionID, a.Ports), nil)
 	if err := b.publish(ctx, spec.SessionID, running, a.Ports); err != nil {
 		w.log.Warn("publish routing", "err", err)
 		sink.Output(a.Name, contract.TagTTY, []byte("\r\n[runner] failed to create ingress: "+err.Error()+"\r\n"))

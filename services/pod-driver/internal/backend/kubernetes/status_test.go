@@ -57,3 +57,16 @@ func TestEndReasonAndTerminations(t *testing.T) {
 		t.Errorf("terminations() = %d, want 3", got)
 	}
 }
+
+func TestFirstExitCodeReadsTheSessionContainer(t *testing.T) {
+	term := func(name string, code int32) corev1.ContainerStatus {
+		return corev1.ContainerStatus{Name: name, State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: code}}}
+	}
+	pod := &corev1.Pod{Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{term("sidecar", 9), term("session", 4)}}}
+	if got := firstExitCode(pod); got != 4 {
+		t.Errorf("firstExitCode() = %d, want the session container's 4", got)
+	}
+	if got := firstExitCode(&corev1.Pod{}); got != 0 {
+		t.Errorf("firstExitCode(no statuses) = %d, want 0", got)
+	}
+}

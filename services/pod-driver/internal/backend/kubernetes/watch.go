@@ -96,9 +96,9 @@ func (b *Backend) startWatch(ctx context.Context, spec backend.Spec, sink backen
 	}
 	for i, a := range w.apps {
 		w.startRelay(i, a.Name, time.Time{})
-		w.WatchPorts(a.Name, a.Ports)
+		w.watchReach(a.Name, a.Ports)
 	}
-	sink.Running(w.endpoints())
+	sink.Running(w.endpoints(), w.agentEndpoint())
 	b.wg.Go(w.monitor)
 	w.log.Info("watch session started", "apps", len(w.apps))
 	return w, nil
@@ -255,16 +255,30 @@ func (w *WatchWorkload) endpoints() []contract.Endpoint {
 	return podspec.Endpoints(w.b.params, w.id, ports)
 }
 
+// agentEndpoint is the co-resident agent's routed endpoint (nil without
+// an agent).
+func (w *WatchWorkload) agentEndpoint() *contract.Endpoint {
+	if w.agent == nil {
+		return nil
+	}
+	eps := podspec.Endpoints(w.b.params, w.id, []contract.PortMapping{{Port: w.agent.Port, Protocol: "tcp"}})
+	return &eps[0]
+}
+
+// Endpoints announces ports the way this session routes them: tcp ports
+// with their ingress host and URL when a base domain is configured.
+func (w *WatchWorkload) Endpoints(ports []contract.PortMapping) []contract.Endpoint {
+	return podspec.Endpoints(w.b.params, w.id, ports)
+}
+
 // SetPorts replaces app's routed port set and re-publishes the Service
 // and Ingress for the whole session (contract 11.8 live patching). On a
 // publish failure the previous set is restored and routing is left as it
-// was (19 item 19); the error is returned. On success reachability
-// watchers start for the newly routed tcp ports and the app's endpoints
-// (with Ingress hosts) are returned. Port conflicts with other apps or
-// the agent are the caller's to reject first.
-func (w *WatchWorkload) SetPorts(ctx context.Context, app string, ports []contract.PortMapping) ([]contract.Endpoint, error) {
+// was (19 item 19); the error is returned. Port conflicts with other apps
+// or the agent are the caller's to reject first.
+func (w *WatchWorkload) SetPorts(ctx context.Context, app string, ports []contract.PortMapping) error {
 	if _, ok := w.atts[app]; !ok {
-		return nil, fmt.Errorf("session %s has no app %q", w.id, app)
+		return fmt.Errorf("session %s has no app %q", w.id, app)
 	}
 	ports = podspec.Dedupe(ports)
 	w.routeMu.Lock()
@@ -282,36 +296,14 @@ func (w *WatchWorkload) SetPorts(ctx context.Context, app string, ports []contra
 		if rerr := w.b.publish(context.WithoutCancel(ctx), w.id, w.podObj, routed); rerr != nil {
 			w.log.Warn("restore routing", "app", app, "err", rerr)
 		}
-		return nil, err
+		return err
 	}
-	w.watchReach(app, ports)
-	return podspec.Endpoints(w.b.params, w.id, ports), nil
+	return nil
 }
 
 // WatchPorts starts reachability watchers for app's tcp ports never
-// watched in this pod. Ports not yet routed are added to the app's routed
-// set (SetPorts with the union); a publish failure is logged and pushed
-// on the app's channel. A driver that calls SetPorts on every port-set
-// change (and so also removes ports) makes this a pure reachability call.
+// watched in this pod (udp and already-watched ports are skipped).
 func (w *WatchWorkload) WatchPorts(app string, ports []contract.PortMapping) {
-	w.mu.Lock()
-	cur, ok := w.ports[app]
-	var missing bool
-	for _, p := range podspec.Dedupe(ports) {
-		missing = missing || !slices.Contains(cur, p)
-	}
-	w.mu.Unlock()
-	if !ok {
-		w.log.Warn("watch ports: unknown app", "app", app)
-		return
-	}
-	if missing {
-		union := podspec.Dedupe(append(slices.Clone(cur), ports...))
-		if _, err := w.SetPorts(w.ctx, app, union); err != nil {
-			w.log.Warn("publish ports", "app", app, "err", err)
-			w.sink.Output(app, contract.TagTTY, []byte("\r\n[runner] failed to publish ports: "+err.Error()+"\r\n"))
-		}
-	}
 	w.watchReach(app, ports)
 }
 

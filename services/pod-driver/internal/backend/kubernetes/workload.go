@@ -124,13 +124,19 @@ func (w *core) reach(app string, ports []contract.PortMapping) {
 	}
 }
 
-// finish ends the workload: stops every goroutine, waits, records exit.
-// Called once, by the monitor goroutine.
+// finish ends the workload: stops every goroutine, waits, deletes a pod
+// that ended on its own, records exit. Called once, by the monitor
+// goroutine. The contract (11.13) leaves a Succeeded or Failed pod behind
+// until the next boot's reap; its output and status are already recorded,
+// and through owner references it keeps its Service, Ingress and bundle
+// ConfigMap alive, so it goes now.
 func (w *core) finish(exit backend.Exit) {
 	w.cancel()
 	w.wg.Wait()
 	if w.stopping.Load() {
 		exit = backend.Exit{Stopped: true}
+	} else if err := w.b.deletePod(context.Background(), w.pod); err != nil {
+		w.log.Warn("delete ended pod", "pod", w.pod, "err", err)
 	}
 	w.exit = exit
 	w.log.Info("session workload ended", "stopped", exit.Stopped, "err", exit.Err)

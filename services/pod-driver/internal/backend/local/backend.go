@@ -188,13 +188,11 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, sink backend.Sin
 		return nil, &backend.StartError{Stage: "start", Message: err.Error()}
 	}
 
-	endpoints := make([]contract.Endpoint, 0)
+	var ports []contract.PortMapping
 	for _, app := range apps {
-		for _, p := range app.Ports {
-			endpoints = append(endpoints, contract.Endpoint{Port: p.Port, Protocol: p.Protocol})
-		}
+		ports = append(ports, app.Ports...)
 	}
-	sink.Running(endpoints)
+	sink.Running(hostless(ports), nil)
 	w.launch()
 	started = true
 	w.log.Info("session workload started", "apps", len(apps), "pgids", pgids)

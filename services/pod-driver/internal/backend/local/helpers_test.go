@@ -134,7 +134,7 @@ func (r *recorder) Progress(phase, message string, done bool, app string) {
 func (r *recorder) WorkspaceReady(url string) {
 	r.record(func() { r.workspace = append(r.workspace, url) })
 }
-func (r *recorder) Running(eps []contract.Endpoint) {
+func (r *recorder) Running(eps []contract.Endpoint, _ *contract.Endpoint) {
 	r.record(func() { r.running = append(r.running, slices.Clone(eps)) })
 }
 func (r *recorder) Output(app string, tag byte, p []byte) {

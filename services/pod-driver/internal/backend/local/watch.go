@@ -146,13 +146,15 @@ func (b *Backend) startWatch(ctx context.Context, spec backend.Spec, sink backen
 		return nil, &backend.StartError{Stage: "start", Message: err.Error()}
 	}
 
-	endpoints := make([]contract.Endpoint, 0)
+	var ports []contract.PortMapping
 	for _, app := range plan.apps {
-		for _, p := range app.Ports {
-			endpoints = append(endpoints, contract.Endpoint{Port: p.Port, Protocol: p.Protocol})
-		}
+		ports = append(ports, app.Ports...)
 	}
-	sink.Running(endpoints)
+	var agent *contract.Endpoint
+	if spec.Agent != nil {
+		agent = &contract.Endpoint{Host: "", Port: spec.Agent.Port, Protocol: "tcp"}
+	}
+	sink.Running(hostless(ports), agent)
 	w.launch()
 	started = true
 	w.log.Info("watch session started", "apps", len(plan.apps), "agent", plan.agent != nil, "workspace", w.wsc.Base)
@@ -410,6 +412,13 @@ func (w *WatchWorkload) end() {
 	close(w.done)
 }
 
+// SetPorts checks app exists: processes publish their ports on the host
+// themselves, so there is no routing to change.
+func (w *WatchWorkload) SetPorts(_ context.Context, app string, _ []contract.PortMapping) error {
+	_, err := w.app(app)
+	return err
+}
+
 // WatchPorts starts reachability watchers (11.7) for app's tcp ports that
 // have never been watched in this session; udp ports are skipped, and so
 // is everything once the workload is ending. An unknown app is logged.
@@ -419,6 +428,19 @@ func (w *WatchWorkload) WatchPorts(app string, ports []contract.PortMapping) {
 		return
 	}
 	w.watchPorts(app, ports)
+}
+
+// Endpoints are host-less: the ports are the host's own.
+func (w *WatchWorkload) Endpoints(ports []contract.PortMapping) []contract.Endpoint {
+	return hostless(ports)
+}
+
+func hostless(ports []contract.PortMapping) []contract.Endpoint {
+	out := make([]contract.Endpoint, 0, len(ports))
+	for _, p := range ports {
+		out = append(out, contract.Endpoint{Host: "", Port: p.Port, Protocol: p.Protocol})
+	}
+	return out
 }
 
 func (w *WatchWorkload) watchPorts(app string, ports []contract.PortMapping) {

@@ -369,6 +369,15 @@ func TestWatchPorts(t *testing.T) {
 
 	writeFile(t, rec.wsURL(t), "worker/telo.yaml", manifest("worker", []contract.PortMapping{{Port: tcp, Protocol: "tcp"}}))
 	rec.waitEvents(t, "worker", "Kernel.Starting", 2)
+	if err := w.SetPorts(context.Background(), "worker", []contract.PortMapping{{Port: tcp, Protocol: "tcp"}, udp}); err != nil {
+		t.Fatalf("SetPorts() = %v", err)
+	}
+	if err := w.SetPorts(context.Background(), "nope", nil); err == nil {
+		t.Error("SetPorts(unknown app) = nil, want an error")
+	}
+	if got, want := w.Endpoints([]contract.PortMapping{{Port: tcp, Protocol: "tcp"}, udp}), []contract.Endpoint{{Port: tcp, Protocol: "tcp"}, {Port: udp.Port, Protocol: "udp"}}; !slices.Equal(got, want) {
+		t.Errorf("Endpoints() = %+v, want host-less %+v", got, want)
+	}
 	w.WatchPorts("worker", []contract.PortMapping{{Port: tcp, Protocol: "tcp"}, udp})
 	rec.waitFor(t, "the later-declared port reachable", func() bool {
 		return slices.Contains(rec.reach, reachEvent{"worker", tcp, contract.ReachReachable})

@@ -151,7 +151,7 @@ func TestWatchPodShape(t *testing.T) {
 		t.Errorf("workspace env = %v, want exactly PORT and WORKSPACE_DIR", got)
 	}
 	web := pod.Spec.Containers[1]
-	if want := []string{"telo", "run", "--watch", "--inspect", "$(TELO_INSPECT_ADDR)", "--no-open", "$(TELO_ENTRY)"}; !slices.Equal(web.Command, want) {
+	if want := []string{"sh", "-c", `while [ ! -f "$TELO_ENTRY" ]; do sleep 0.2; done; exec telo run --watch --inspect "$TELO_INSPECT_ADDR" --no-open "$TELO_ENTRY"`}; !slices.Equal(web.Command, want) {
 		t.Errorf("app command = %v, want %v", web.Command, want)
 	}
 	env := envMap(web.Env)

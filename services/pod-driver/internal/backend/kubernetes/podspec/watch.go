@@ -62,14 +62,11 @@ func InspectPort(i int) int { return FirstInspectPort + i }
 // these departures, all documented in the package kubernetes doc:
 //
 //   - restartPolicy Always (19 item 16): a dead app container restarts;
-//     an app whose entry does not exist yet fails to load and, under
-//     --watch, keeps waiting for it (the kernel image need not have a
-//     shell, so there is no sh -c entry wait);
 //   - the workspace container is WorkspaceImage (telorunner's
 //     workspace-server) with env exactly PORT and WORKSPACE_DIR, so no
 //     workspace-app ConfigMap;
-//   - app containers run [telo run --watch --inspect $(TELO_INSPECT_ADDR)
-//     --no-open $(TELO_ENTRY)], flags before the path (10.1 later).
+//   - app containers run WatchAppCommand: 10.1's entry wait, then the
+//     kernel with its flags before the path (10.1 later).
 func Watch(p Params, spec backend.Spec, name string) (*corev1.Pod, error) {
 	apps, err := WatchApps(spec)
 	if err != nil {
@@ -116,7 +113,7 @@ func Watch(p Params, spec backend.Spec, name string) (*corev1.Pod, error) {
 			Image:           img,
 			ImagePullPolicy: PullPolicy(spec.Config.PullPolicy),
 			WorkingDir:      "/work",
-			Command:         []string{"telo", "run", "--watch", "--inspect", "$(TELO_INSPECT_ADDR)", "--no-open", "$(TELO_ENTRY)"},
+			Command:         WatchAppCommand,
 			Env:             envVars(env, infra),
 			Stdin:           true,
 			TTY:             tty,
@@ -154,3 +151,10 @@ func mounts(owner string) []corev1.VolumeMount {
 	}
 	return m
 }
+
+// WatchAppCommand is every watch app container's command (contract 10.1,
+// flags before the path): wait for the entry file, which appears when the
+// runner seeds the workspace after the pod runs, then exec the kernel. A
+// kernel started on a missing entry would report a failed first run.
+// Paths come through the environment, so no path can break the quoting.
+var WatchAppCommand = []string{"sh", "-c", `while [ ! -f "$TELO_ENTRY" ]; do sleep 0.2; done; exec telo run --watch --inspect "$TELO_INSPECT_ADDR" --no-open "$TELO_ENTRY"`}
