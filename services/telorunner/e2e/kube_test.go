@@ -61,9 +61,9 @@ func startKube(t *testing.T) *kubeCluster {
 	}}
 }
 
-func (k *kubeCluster) runner(t *testing.T, dataDir string) *runner {
+func (k *kubeCluster) runner(t *testing.T, dataDir string, extra ...map[string]string) *runner {
 	t.Helper()
-	vars := merge(k.vars)
+	vars := merge(append([]map[string]string{k.vars}, extra...)...)
 	if dataDir != "" {
 		vars["RUNNER_DATA_DIR"] = dataDir
 	}
@@ -166,10 +166,41 @@ func TestKubernetesBackend(t *testing.T) {
 	t.Run("RunSession", func(t *testing.T) { kubeRunSession(t, k, r) })
 	t.Run("WatchTwoApps", func(t *testing.T) { kubeWatchTwoApps(t, k, r) })
 	t.Run("WatchIOModes", func(t *testing.T) { kubeWatchIOModes(t, k, r) })
-	t.Run("RestartReapsOrphans", func(t *testing.T) {
+	t.Run("SuspendRestartResume", func(t *testing.T) {
 		r.stop()
-		kubeRestartReapsOrphans(t, k, dataDir)
+		kubeSuspendRestartResume(t, k, dataDir)
 	})
+}
+
+// Idle suspend deletes the pod after a checkpoint; after every service
+// restarted (reaping a pod no session owns on the way) the session resumes
+// in a new pod from the checkpoint under the same id.
+func kubeSuspendRestartResume(t *testing.T, k *kubeCluster, dataDir string) {
+	r := k.runner(t, dataDir, fastSupervisor)
+	c := seedWatch(t, r)
+	before := tree(t, r, c.SessionID)
+	first := k.pod(t, c.SessionID)
+	waitStatus(t, r, c.SessionID, "suspended", 30*time.Second)
+	k.gone(t, c.SessionID)
+	r.stop()
+
+	kubeOrphans(t, k)
+	r = k.runner(t, dataDir, fastSupervisor)
+	k.gone(t, "orphan000001")
+	if _, err := k.admin.CoreV1().Pods(k.env.Namespace).Get(context.Background(), "not-ours", metav1.GetOptions{}); err != nil {
+		t.Fatalf("a pod without the runner's label was touched: %v", err)
+	}
+	waitStatus(t, r, c.SessionID, "suspended", 10*time.Second)
+	hold := openSSE(t, r.URL+c.StreamURL, nil) // presence: no idle suspend while we look
+	assertResumed(t, r, c.SessionID, before)
+	if again := k.pod(t, c.SessionID); again.UID == first.UID || again.Status.PodIP == "" {
+		t.Fatalf("resumed pod = %s (%s), want a new running pod", again.UID, again.Status.PodIP)
+	}
+	hold.Close()
+	if resp := do(t, "DELETE", r.URL+"/v1/sessions/"+c.SessionID, nil, nil); resp.Status != 204 {
+		t.Fatalf("DELETE = %d", resp.Status)
+	}
+	k.gone(t, c.SessionID)
 }
 
 // A run session: running with ingress endpoints, reachable on the pod IP,
@@ -530,9 +561,9 @@ func kubeWatchIOModes(t *testing.T, k *kubeCluster, r *runner) {
 	k.gone(t, c.SessionID)
 }
 
-// A pod with the runner's label that no session owns (a driver died
-// holding it) is deleted when the driver starts again.
-func kubeRestartReapsOrphans(t *testing.T, k *kubeCluster, dataDir string) {
+// kubeOrphans creates a pod with the runner's label that no session owns
+// (a driver died holding it) and one without the label.
+func kubeOrphans(t *testing.T, k *kubeCluster) {
 	ctx := context.Background()
 	orphan := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "telo-run-orphan000001", Labels: map[string]string{
@@ -552,10 +583,5 @@ func kubeRestartReapsOrphans(t *testing.T, k *kubeCluster, dataDir string) {
 		if _, err := k.admin.CoreV1().Pods(k.env.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("create pod %s: %v", p.Name, err)
 		}
-	}
-	k.runner(t, dataDir)
-	k.gone(t, "orphan000001")
-	if _, err := k.admin.CoreV1().Pods(k.env.Namespace).Get(ctx, "not-ours", metav1.GetOptions{}); err != nil {
-		t.Fatalf("a pod without the runner's label was touched: %v", err)
 	}
 }

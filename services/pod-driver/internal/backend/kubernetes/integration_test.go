@@ -19,6 +19,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8s "k8s.io/client-go/kubernetes"
 
+	"go.uber.org/goleak"
+
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/testkit"
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend"
@@ -60,6 +62,25 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	_ = os.RemoveAll(dir)
+	// Every workload's goroutines (attach, relays, watchers, monitors) end
+	// with it; only client-go's idle keep-alive connections may remain.
+	// client-go's WebSocket attach heartbeat notices a closed connection
+	// at its next ping (every 5 s), so the check waits that long.
+	if code == 0 {
+		var err error
+		testkit.Poll(context.Background(), 8*time.Second, func() bool {
+			err = goleak.Find(
+				goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
+				goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+				goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1"),
+			)
+			return err == nil
+		})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
+			code = 1
+		}
+	}
 	os.Exit(code)
 }
 
@@ -505,6 +526,106 @@ func TestAdoptRunSession(t *testing.T) {
 	if got := second.events("app"); len(got) != 0 {
 		t.Errorf("adopted relay re-delivered history: %v", got)
 	}
+	if err := w2.Stop(ctx); err != nil {
+		t.Fatalf("Stop() = %v", err)
+	}
+	if ex := w2.Exit(); !ex.Stopped {
+		t.Errorf("adopted Exit() = %+v, want Stopped", ex)
+	}
+	<-w1.Done()
+	if ex := w1.Exit(); ex.Err == nil || ex.Err.Error() != "pod disappeared" {
+		t.Errorf("first owner Exit() = %+v, want pod disappeared", ex)
+	}
+	if err := b2.Close(ctx); err != nil {
+		t.Errorf("Close() = %v", err)
+	}
+}
+
+// A second driver adopts a running watch pod by session id: it re-attaches
+// every app, relays only new debug frames, restarts nothing, and can patch
+// routing and stop the pod.
+func TestAdoptWatchSession(t *testing.T) {
+	c := newCluster(t, true)
+	id := contract.NewSessionID()
+	spec := backend.Spec{
+		SessionID: id, Mode: contract.ModeWatch,
+		Bundle: contract.Bundle{EntryRelativePath: "web/telo.yaml", Files: []contract.BundleFile{
+			{RelativePath: "web/telo.yaml", Contents: manifest("web", 18181, "")},
+			{RelativePath: "worker/telo.yaml", Contents: manifest("worker", 0, "")},
+		}},
+		Apps: []backend.App{
+			{Name: "web", Entry: "web/telo.yaml", IO: contract.IOTTY, Ports: []contract.PortMapping{{Port: 18181, Protocol: "tcp"}}},
+			{Name: "worker", Entry: "worker/telo.yaml", IO: contract.IOStreams},
+		},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*waitLong)
+	defer cancel()
+	first := newRecorder()
+	w1, err := c.b.Start(ctx, spec, first)
+	if err != nil {
+		t.Fatalf("Start() error = %v", err)
+	}
+	for _, app := range []string{"web", "worker"} {
+		poll(t, app+" Kernel.Started (first owner)", func() bool { return slices.Contains(first.events(app), "Kernel.Started") })
+	}
+	pods := c.admin.CoreV1().Pods(c.env.Namespace)
+	before, err := pods.List(ctx, metav1.ListOptions{LabelSelector: podspec.LabelSession + "=" + id})
+	if err != nil || len(before.Items) != 1 {
+		t.Fatalf("session pods = %v, %v", before, err)
+	}
+
+	b2, err := kube.New(kube.Options{
+		RestConfig: c.env.Driver, Namespace: c.env.Namespace, KernelImage: kernelImage, WorkspaceImage: workspaceImage,
+		IngressBaseDomain: domain,
+		RunLimits:         kube.Limits{CPU: "50m", Memory: "100Mi", EphemeralStorage: "512Mi", TTLSeconds: 3600},
+		AppLimits:         kube.Limits{CPU: "500m", Memory: "512Mi", EphemeralStorage: "1Gi", TTLSeconds: 21600},
+		RelayRetry:        100 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := newRecorder()
+	bw2, err := b2.Adopt(ctx, spec, second)
+	if err != nil {
+		t.Fatalf("Adopt() error = %v", err)
+	}
+	w2, ok := bw2.(*kube.WatchWorkload)
+	if !ok {
+		t.Fatalf("Adopt() = %T, want a watch workload", bw2)
+	}
+	// Attach: tty stdin echo through the adopter.
+	poll(t, "adopted web stdin echo", func() bool {
+		_ = w2.Stdin("web", []byte("adopted\r")) // resent each poll until the attach is up
+		return strings.Contains(second.output("web"), "echo: adopted")
+	})
+	// Relay: an edit reaches the adopter as new frames only (no replay of
+	// generation 1's history).
+	if got := second.events("worker"); slices.Contains(got, "Kernel.Started") {
+		t.Fatalf("adopted relay re-delivered history: %v", got)
+	}
+	wsc := kernelwire.WorkspaceClient{Base: first.wsURL}
+	if err := wsc.Apply(ctx, kernelwire.ChangeSet{Write: []kernelwire.Write{{Path: "worker/telo.yaml", Content: manifest("worker", 0, "# adopted edit\n"), Encoding: "utf8"}}}); err != nil {
+		t.Fatalf("edit: %v", err)
+	}
+	poll(t, "worker generation 2 through the adopted relay", func() bool { return slices.Contains(second.events("worker"), "Kernel.Started") })
+	if second.running != nil {
+		t.Errorf("Adopt() announced running %v; the session already runs", second.running)
+	}
+	// Routing from the adopter: a live port change on the same pod.
+	if err := w2.SetPorts(ctx, "worker", []contract.PortMapping{{Port: 18190, Protocol: "tcp"}}); err != nil {
+		t.Fatalf("adopted SetPorts() = %v", err)
+	}
+	checkRouting(t, ctx, c, id, w2, []string{"tcp-18181", "tcp-18190"})
+	after, err := pods.List(ctx, metav1.ListOptions{LabelSelector: podspec.LabelSession + "=" + id})
+	if err != nil || len(after.Items) != 1 || after.Items[0].UID != before.Items[0].UID {
+		t.Fatalf("adoption changed the pod: %v, %v", after, err)
+	}
+	for _, cs := range after.Items[0].Status.ContainerStatuses {
+		if cs.RestartCount != 0 {
+			t.Errorf("container %s restarted %d times during adoption", cs.Name, cs.RestartCount)
+		}
+	}
+
 	if err := w2.Stop(ctx); err != nil {
 		t.Fatalf("Stop() = %v", err)
 	}
