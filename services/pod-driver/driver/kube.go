@@ -50,8 +50,20 @@ func loadKubeConfig(get func(string) string) (KubeConfig, error) {
 			}
 			l.TTLSeconds = n
 		}
-		if err := l.Validate(); err != nil {
-			return l, fmt.Errorf("%s*: %w", prefix, err)
+		// Name the one variable at fault (exit 2 names it, 18.2).
+		for _, f := range []struct{ name, v string }{{"CPU", l.CPU}, {"MEMORY", l.Memory}, {"EPHEMERAL_STORAGE", l.EphemeralStorage}} {
+			only := kubernetes.Limits{CPU: "1", Memory: "1", EphemeralStorage: "1", TTLSeconds: 1}
+			switch f.name {
+			case "CPU":
+				only.CPU = f.v
+			case "MEMORY":
+				only.Memory = f.v
+			default:
+				only.EphemeralStorage = f.v
+			}
+			if err := only.Validate(); err != nil {
+				return l, fmt.Errorf("%s%s: %w", prefix, f.name, err)
+			}
 		}
 		return l, nil
 	}
