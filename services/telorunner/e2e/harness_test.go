@@ -482,3 +482,25 @@ func (c *ioConn) closeCode(t *testing.T, timeout time.Duration) (int, string, []
 		}
 	}
 }
+
+// readStreams collects a streams app's stdout (tag 1) and stderr (tag 2)
+// until each contains its want, failing after timeout.
+func (c *ioConn) readStreams(t *testing.T, timeout time.Duration, wantOut, wantErr string) (stdout, stderr string) {
+	t.Helper()
+	var out, errOut strings.Builder
+	deadline := time.After(timeout)
+	for !strings.Contains(out.String(), wantOut) || !strings.Contains(errOut.String(), wantErr) {
+		select {
+		case f := <-c.Frames:
+			switch f.Tag {
+			case 1:
+				out.Write(f.Payload)
+			case 2:
+				errOut.Write(f.Payload)
+			}
+		case <-deadline:
+			t.Fatalf("streams output: stdout %q stderr %q", out.String(), errOut.String())
+		}
+	}
+	return out.String(), errOut.String()
+}

@@ -500,23 +500,8 @@ func kubeWatchIOModes(t *testing.T, k *kubeCluster, r *runner) {
 	if resp := do(t, "POST", r.URL+"/v1/sessions/"+c.SessionID+"/reload?app=pipes", nil, nil); resp.Status != 202 {
 		t.Fatalf("reload pipes = %d %s", resp.Status, resp.Body)
 	}
-	var out, errOut strings.Builder
-	deadline := time.After(30 * time.Second)
-	for !strings.Contains(out.String(), "generation 2 tty=false") || !strings.Contains(errOut.String(), "ready") {
-		select {
-		case f := <-p.Frames:
-			switch f.Tag {
-			case 1:
-				out.Write(f.Payload)
-			case 2:
-				errOut.Write(f.Payload)
-			}
-		case <-deadline:
-			t.Fatalf("streams output: stdout %q stderr %q", out.String(), errOut.String())
-		}
-	}
-	if strings.Contains(out.String(), "\x1b[") {
-		t.Errorf("streams stdout coloured: %q", out.String())
+	if out, _ := p.readStreams(t, 30*time.Second, "generation 2 tty=false", "ready"); strings.Contains(out, "\x1b[") {
+		t.Errorf("streams stdout coloured: %q", out)
 	}
 	if err := p.WriteMessage(1, []byte(`{"type":"resize","cols":80,"rows":24}`)); err != nil {
 		t.Fatal(err)

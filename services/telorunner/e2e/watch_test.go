@@ -239,26 +239,12 @@ func TestWatchIOModes(t *testing.T) {
 	if f := <-p.Frames; !strings.Contains(f.Text, `"io":"streams"`) || !strings.Contains(f.Text, `"app":"pipes"`) {
 		t.Fatalf("seq frame = %+v", f)
 	}
-	var out, errOut strings.Builder
-	deadline := time.After(30 * time.Second)
-	for !strings.Contains(out.String(), "tty=false") || !strings.Contains(errOut.String(), "ready") {
-		select {
-		case f := <-p.Frames:
-			switch f.Tag {
-			case 1:
-				out.Write(f.Payload)
-			case 2:
-				errOut.Write(f.Payload)
-			}
-		case <-deadline:
-			t.Fatalf("streams output: stdout %q stderr %q", out.String(), errOut.String())
-		}
+	out, errOut := p.readStreams(t, 30*time.Second, "tty=false", "ready")
+	if !strings.Contains(out, "devkernel streams-app generation 1 tty=false") || strings.Contains(out, "\x1b[") {
+		t.Fatalf("streams stdout = %q, want an uncoloured tty=false banner on tag 1", out)
 	}
-	if !strings.Contains(out.String(), "devkernel streams-app generation 1 tty=false") || strings.Contains(out.String(), "\x1b[") {
-		t.Fatalf("streams stdout = %q, want an uncoloured tty=false banner on tag 1", out.String())
-	}
-	if !strings.Contains(errOut.String(), "devkernel streams-app ready") {
-		t.Fatalf("streams stderr = %q, want ready on tag 2", errOut.String())
+	if !strings.Contains(errOut, "devkernel streams-app ready") {
+		t.Fatalf("streams stderr = %q, want ready on tag 2", errOut)
 	}
 	if err := p.WriteMessage(1, []byte(`{"type":"resize","cols":80,"rows":24}`)); err != nil {
 		t.Fatal(err)

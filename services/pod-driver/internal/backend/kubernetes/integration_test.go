@@ -526,19 +526,7 @@ func TestAdoptRunSession(t *testing.T) {
 	if got := second.events("app"); len(got) != 0 {
 		t.Errorf("adopted relay re-delivered history: %v", got)
 	}
-	if err := w2.Stop(ctx); err != nil {
-		t.Fatalf("Stop() = %v", err)
-	}
-	if ex := w2.Exit(); !ex.Stopped {
-		t.Errorf("adopted Exit() = %+v, want Stopped", ex)
-	}
-	<-w1.Done()
-	if ex := w1.Exit(); ex.Err == nil || ex.Err.Error() != "pod disappeared" {
-		t.Errorf("first owner Exit() = %+v, want pod disappeared", ex)
-	}
-	if err := b2.Close(ctx); err != nil {
-		t.Errorf("Close() = %v", err)
-	}
+	stopAdopted(ctx, t, b2, w1, w2)
 }
 
 // A second driver adopts a running watch pod by session id: it re-attaches
@@ -626,6 +614,13 @@ func TestAdoptWatchSession(t *testing.T) {
 		}
 	}
 
+	stopAdopted(ctx, t, b2, w1, w2)
+}
+
+// stopAdopted stops the adopter's workload: it ends Stopped, the first
+// owner sees the pod disappear, and the adopter's backend closes.
+func stopAdopted(ctx context.Context, t *testing.T, b2 *kube.Backend, w1, w2 backend.Workload) {
+	t.Helper()
 	if err := w2.Stop(ctx); err != nil {
 		t.Fatalf("Stop() = %v", err)
 	}
