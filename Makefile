@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 MODULES := pkg services/api-edge services/pod-driver services/supervisor services/workspace-proxy services/telorunner bench
 # Test tools with their own heavy dependencies, kept out of go.work.
-TOOL_MODULES := tools/standin-kubelet
+TOOL_MODULES := tools/standin-kubelet tools/chartcheck
 BIN := $(CURDIR)/bin
 TOOLS := $(CURDIR)/.tools/bin
 GOLANGCI_VERSION := v2.15.0

@@ -15,6 +15,7 @@ securityContext:
   runAsNonRoot: true
   runAsUser: 1000
   runAsGroup: 1000
+  fsGroup: 1000   # a fresh PersistentVolume (NATS's /data) is root-owned otherwise
   seccompProfile: {type: RuntimeDefault}
 {{- end -}}
 {{- define "telorunner.containerSecurity" -}}
