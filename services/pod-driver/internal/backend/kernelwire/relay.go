@@ -11,9 +11,16 @@ import (
 	"time"
 )
 
-// DefaultRelayRetry is the pause between relay connection attempts
-// (contract 10.4).
+// DefaultRelayRetry is the longest pause between relay connection
+// attempts (contract 10.4).
 const DefaultRelayRetry = 500 * time.Millisecond
+
+// relayFirstRetry is the first pause after a failed attempt; it doubles
+// per consecutive failure up to Retry. A kernel's inspection server
+// usually comes up tens of milliseconds after the runner starts looking
+// for it, and a flat 500 ms pause put up to half a second between the
+// kernel's first frame and the editor (19 item 34: not a fixed delay).
+const relayFirstRetry = 20 * time.Millisecond
 
 // DebugSink receives relayed frames. backend.Sink satisfies it.
 type DebugSink interface {
@@ -25,8 +32,8 @@ type RelayOptions struct {
 	// Client performs the GET /events requests; nil uses a client without
 	// keep-alive.
 	Client *http.Client
-	// Retry is the pause after a connection ends or fails
-	// (DefaultRelayRetry when zero).
+	// Retry is the longest pause after a connection ends or fails
+	// (DefaultRelayRetry when zero); pauses start at 20 ms and double.
 	Retry time.Duration
 	// Exited, when not nil, ends the relay once it is closed and the
 	// current stream has ended, so a kernel's last frames still arrive.
@@ -61,6 +68,7 @@ func Relay(ctx context.Context, url, app string, sink DebugSink, opts RelayOptio
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	var seen dedup
+	wait := min(relayFirstRetry, opts.Retry)
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -71,29 +79,34 @@ func Relay(ctx context.Context, url, app string, sink DebugSink, opts RelayOptio
 			return
 		case <-t.C:
 		}
-		err := stream(ctx, url, app, sink, opts, &seen)
+		connected, err := stream(ctx, url, app, sink, opts, &seen)
 		if ctx.Err() != nil {
 			return
 		}
 		opts.Logger.Debug("debug relay disconnected", "app", app, "err", err)
-		t.Reset(opts.Retry)
+		if connected {
+			wait = min(relayFirstRetry, opts.Retry) // a restarted kernel: look again soon
+		}
+		t.Reset(wait)
+		wait = min(2*wait, opts.Retry)
 	}
 }
 
-// stream reads one /events connection to its end.
-func stream(ctx context.Context, url, app string, sink DebugSink, opts RelayOptions, seen *dedup) error {
+// stream reads one /events connection to its end; connected reports that
+// the server answered.
+func stream(ctx context.Context, url, app string, sink DebugSink, opts RelayOptions, seen *dedup) (connected bool, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return fmt.Errorf("build events request: %w", err)
+		return false, fmt.Errorf("build events request: %w", err)
 	}
 	req.Header.Set("Accept", "text/event-stream")
 	resp, err := opts.Client.Do(req)
 	if err != nil {
-		return fmt.Errorf("get events: %w", err)
+		return false, fmt.Errorf("get events: %w", err)
 	}
 	defer func() { _ = resp.Body.Close() }() // a read stream; nothing to flush
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return fmt.Errorf("get events: status %s", resp.Status)
+		return false, fmt.Errorf("get events: status %s", resp.Status)
 	}
 	filter := seen.begin()
 	sse := newSSEReader(resp.Body)
@@ -101,9 +114,9 @@ func stream(ctx context.Context, url, app string, sink DebugSink, opts RelayOpti
 		frame, ts, err := sse.next()
 		if err != nil {
 			if errors.Is(err, io.EOF) {
-				return errors.New("events stream ended")
+				return true, errors.New("events stream ended")
 			}
-			return fmt.Errorf("read events: %w", err)
+			return true, fmt.Errorf("read events: %w", err)
 		}
 		if !opts.After.IsZero() && !ts.After(opts.After) {
 			continue

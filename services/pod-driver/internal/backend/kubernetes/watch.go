@@ -19,8 +19,13 @@ import (
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/kubernetes/podspec"
 )
 
-// wsPoll is the workspace readiness poll interval (11.5 step 4).
-const wsPoll = 500 * time.Millisecond
+// wsPoll is the longest workspace readiness poll interval (11.5 step 4);
+// polls start at wsFirstPoll and double: the server usually answers within
+// tens of milliseconds of the pod running.
+const (
+	wsPoll      = 500 * time.Millisecond
+	wsFirstPoll = 20 * time.Millisecond
+)
 
 // WatchWorkload is a watch session: one pod with the workspace server,
 // one kernel container per app and an optional agent (contract 11.4).
@@ -130,12 +135,12 @@ func (b *Backend) newWatchWorkload(spec backend.Spec, pod *corev1.Pod, sink back
 func (b *Backend) awaitWorkspace(ctx context.Context, wsc kernelwire.WorkspaceClient) error {
 	ctx, cancel := context.WithTimeout(ctx, b.opts.WorkspaceReady)
 	defer cancel()
-	for {
+	for wait := wsFirstPoll; ; wait = min(2*wait, wsPoll) {
 		err := wsc.Ping(ctx)
 		if err == nil {
 			return nil
 		}
-		if !sleep(ctx, wsPoll) {
+		if !sleep(ctx, wait) {
 			return err
 		}
 	}
