@@ -20,6 +20,7 @@ require (
 	github.com/gorilla/websocket v1.5.4-0.20250319132907-e064f32e3674
 	github.com/nats-io/nats.go v1.55.0
 	github.com/telorunner/telorunner/pkg v0.0.0
+	github.com/telorunner/telorunner/services/pod-driver v0.0.0
 	github.com/telorunner/telorunner/services/telorunner v0.0.0
 )
 
@@ -84,7 +85,6 @@ require (
 	github.com/quic-go/quic-go v0.59.0 // indirect
 	github.com/spf13/pflag v1.0.10 // indirect
 	github.com/telorunner/telorunner/services/api-edge v0.0.0 // indirect
-	github.com/telorunner/telorunner/services/pod-driver v0.0.0 // indirect
 	github.com/telorunner/telorunner/services/supervisor v0.0.0 // indirect
 	github.com/telorunner/telorunner/services/workspace-proxy v0.0.0 // indirect
 	github.com/twitchyliquid64/golang-asm v0.15.1 // indirect

@@ -38,7 +38,8 @@ func TestMain(m *testing.M) {
 	// workspace-proxy (replace => ../services/workspace-proxy).
 	build := exec.Command("go", "build", "-o", serverBin, "github.com/telorunner/telorunner/services/workspace-proxy/cmd/workspace-server")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	kernelBin = filepath.Join(dir, "devkernel")
+	// Named telo: Kubernetes watch app containers exec `telo` from PATH.
+	kernelBin = filepath.Join(dir, "telo")
 	buildKernel := exec.Command("go", "build", "-o", kernelBin, "github.com/telorunner/telorunner/services/pod-driver/cmd/devkernel")
 	buildKernel.Stdout, buildKernel.Stderr = os.Stderr, os.Stderr
 	code := 1
