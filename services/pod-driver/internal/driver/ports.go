@@ -147,7 +147,8 @@ func (o *owned) portsResolved(app string, payload json.RawMessage) {
 	if !ok || change.empty() {
 		return
 	}
-	if len(change.added) > 0 || len(change.removed) > 0 {
+	moved := len(change.added) > 0 || len(change.removed) > 0
+	if moved {
 		if err := w.SetPorts(ctx, app, change.ports); err != nil {
 			// Only removals failing emits nothing: routing and record
 			// are both unchanged.
@@ -162,17 +163,19 @@ func (o *owned) portsResolved(app string, payload json.RawMessage) {
 			return
 		}
 	}
-	_, err = o.store.Update(ctx, o.id, func(r *session.Record) error {
-		a, ok := r.App(app)
-		if !ok {
-			return fmt.Errorf("no app %s", app)
+	if moved {
+		_, err = o.store.Update(ctx, o.id, func(r *session.Record) error {
+			a, ok := r.App(app)
+			if !ok {
+				return fmt.Errorf("no app %s", app)
+			}
+			a.Ports = change.ports
+			return nil
+		})
+		if err != nil {
+			o.log.Warn("record declared ports", "app", app, "err", err)
+			return
 		}
-		a.Ports = change.ports
-		return nil
-	})
-	if err != nil {
-		o.log.Warn("record declared ports", "app", app, "err", err)
-		return
 	}
 	ev := contract.Event{Type: contract.EventEndpoints, App: app, Rejected: change.rejected}
 	if len(change.added) > 0 {
