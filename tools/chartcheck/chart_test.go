@@ -57,6 +57,10 @@ type want struct {
 	workspaceImage  string // "" = <imagePrefix>workspace-server:<tag>
 	apiEdgeReplicas int64
 	apiEdgePort     int64
+	// noSessionGuards: the session NetworkPolicy and ResourceQuota are
+	// switched off; ingressNS is the ingress controller's namespace.
+	noSessionGuards bool
+	ingressNS       string
 	// env the containers must carry besides the above, by component.
 	env map[string]map[string]string
 }
@@ -93,6 +97,7 @@ session:
   imagePullSecret: pull
   watchMaxTTLSeconds: 2592000
 sessionIngress: {baseDomain: sessions.example.com, className: nginx, tlsSecret: wildcard}
+sessionNetworkPolicy: {ingressControllerNamespace: ingress-nginx}
 limits: {cpu: 100m, memory: 200Mi, ephemeralStorage: 1Gi, ttlSeconds: 1209600}
 appLimits: {cpu: "2", memory: 4Gi, ephemeralStorage: 10Gi, ttlSeconds: 2592000}
 `,
@@ -100,7 +105,7 @@ appLimits: {cpu: "2", memory: 4Gi, ephemeralStorage: 10Gi, ttlSeconds: 2592000}
 			sessionNS: "custom-sessions", createSessionNS: true, managedBy: "custom-runner",
 			imagePrefix: "registry.example.com/telo/", tag: "1.2.3", pullPolicy: "Always",
 			natsURL: "nats://nats.shared.svc:4222", kernelImage: "registry.example.com/kernel:9",
-			workspaceImage: "registry.example.com/ws:7", apiEdgeReplicas: 3, apiEdgePort: 9090,
+			workspaceImage: "registry.example.com/ws:7", apiEdgeReplicas: 3, apiEdgePort: 9090, ingressNS: "ingress-nginx",
 			env: map[string]map[string]string{
 				"api-edge":   {"LOG_LEVEL": "debug", "RUNNER_MAX_SESSIONS": "64", "RUNNER_CORS_ORIGINS": "https://editor.example.com"},
 				"supervisor": {"LOG_LEVEL": "debug"},
@@ -120,9 +125,10 @@ appLimits: {cpu: "2", memory: 4Gi, ephemeralStorage: 10Gi, ttlSeconds: 2592000}
 		// The session namespace exists already (kubetest's telo-sessions);
 		// the chart only binds the Role there.
 		name: "existing-session-namespace", release: "third", namespace: "runner",
-		values: "createSessionNamespace: false\n",
+		values: "createSessionNamespace: false\nsessionNetworkPolicy: {enabled: false}\nsessionQuota: {enabled: false}\n",
 		want: want{
-			sessionNS: "telo-sessions", managedBy: "telo-k8s-runner",
+			noSessionGuards: true,
+			sessionNS:       "telo-sessions", managedBy: "telo-k8s-runner",
 			imagePrefix: "ghcr.io/telorunner/", pullPolicy: "IfNotPresent",
 			kernelImage: "telorun/node:latest-slim", apiEdgeReplicas: 2, apiEdgePort: 8080,
 		},
@@ -265,6 +271,9 @@ func checkObjects(f failer, ch *chart.Chart, objs []*unstructured.Unstructured, 
 	if w.createSessionNS {
 		wantKeys = append(wantKeys, key("Namespace", "", w.sessionNS))
 	}
+	if !w.noSessionGuards {
+		wantKeys = append(wantKeys, key("NetworkPolicy", w.sessionNS, rel+"-sessions"), key("ResourceQuota", w.sessionNS, rel+"-sessions"))
+	}
 	for _, c := range components {
 		wantKeys = append(wantKeys, key("Deployment", "", rel+"-"+c))
 	}
@@ -309,6 +318,10 @@ func checkObjects(f failer, ch *chart.Chart, objs []*unstructured.Unstructured, 
 				}
 			}
 		}
+	}
+
+	if !w.noSessionGuards {
+		checkSessionGuards(f, in, get("NetworkPolicy", w.sessionNS, rel+"-sessions"), get("ResourceQuota", w.sessionNS, rel+"-sessions"))
 	}
 
 	if role := get("Role", w.sessionNS, rel+"-driver"); role != nil {
@@ -418,6 +431,50 @@ func checkObjects(f failer, ch *chart.Chart, objs []*unstructured.Unstructured, 
 
 // checkService asserts svc selects workload's pods and targets a port the
 // workload's container names portName.
+// checkSessionGuards asserts the session NetworkPolicy and ResourceQuota
+// of 11.17: the policy selects pods by the configured managed-by value
+// (19 item 26), admits ingress only from the release namespace (and the
+// ingress controller's), and lets egress reach DNS, the release namespace
+// and anything outside the blocked CIDRs.
+func checkSessionGuards(f failer, in install, np, quota *unstructured.Unstructured) {
+	f.Helper()
+	w := in.want
+	if np != nil {
+		spec := nested(f, np, "spec")
+		wantSel := map[string]any{"matchLabels": map[string]any{"app.kubernetes.io/managed-by": w.managedBy}}
+		if !reflect.DeepEqual(spec["podSelector"], any(wantSel)) {
+			f.Errorf("%s: NetworkPolicy podSelector = %s, want %s", in.name, yamlOf(spec["podSelector"]), yamlOf(wantSel))
+		}
+		nsSel := func(ns string) any {
+			return map[string]any{"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": ns}}}
+		}
+		from := []any{nsSel(in.namespace)}
+		if w.ingressNS != "" {
+			from = append(from, nsSel(w.ingressNS))
+		}
+		wantIngress := []any{map[string]any{"from": from}}
+		if !reflect.DeepEqual(spec["ingress"], any(wantIngress)) {
+			f.Errorf("%s: NetworkPolicy ingress = %s, want %s", in.name, yamlOf(spec["ingress"]), yamlOf(wantIngress))
+		}
+		wantEgress := []any{
+			map[string]any{"to": []any{nsSel("kube-system")}, "ports": []any{
+				map[string]any{"protocol": "UDP", "port": int64(53)}, map[string]any{"protocol": "TCP", "port": int64(53)}}},
+			map[string]any{"to": []any{nsSel(in.namespace)}},
+			map[string]any{"to": []any{map[string]any{"ipBlock": map[string]any{"cidr": "0.0.0.0/0",
+				"except": []any{"169.254.169.254/32", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"}}}}},
+		}
+		if !reflect.DeepEqual(spec["egress"], any(wantEgress)) {
+			f.Errorf("%s: NetworkPolicy egress = %s, want %s", in.name, yamlOf(spec["egress"]), yamlOf(wantEgress))
+		}
+	}
+	if quota != nil {
+		wantHard := map[string]any{"pods": "32", "limits.cpu": "4", "limits.memory": "8Gi", "requests.cpu": "2", "requests.memory": "4Gi"}
+		if got := nested(f, quota, "spec")["hard"]; !reflect.DeepEqual(got, any(wantHard)) {
+			f.Errorf("%s: ResourceQuota hard = %s, want %s", in.name, yamlOf(got), yamlOf(wantHard))
+		}
+	}
+}
+
 func checkService(f failer, name string, svc, workload *unstructured.Unstructured, portName string) {
 	f.Helper()
 	sel, _, _ := unstructured.NestedStringMap(svc.Object, "spec", "selector")
@@ -659,6 +716,12 @@ func TestChecksCatchBrokenCharts(t *testing.T) {
 		{"no fsGroup", "templates/_helpers.tpl", func(s string) string {
 			return regexp.MustCompile(`(?m)^.*fsGroup.*\n`).ReplaceAllString(s, "")
 		}, "fsGroup", 0},
+		{"session policy selector hard-coded (19 item 26)", "templates/sessionnetwork.yaml", func(s string) string {
+			return strings.Replace(s, "{{ .Values.managedBy | quote }}", `"telo-k8s-runner"`, 1)
+		}, "NetworkPolicy podSelector", 1},
+		{"session ingress open to every namespace", "templates/sessionnetwork.yaml", func(s string) string {
+			return strings.Replace(s, "- namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: {{ .Release.Namespace | quote }}}}", "- namespaceSelector: {}", 1)
+		}, "NetworkPolicy ingress", 0},
 		{"integer printed as float", "templates/services.yaml", func(s string) string {
 			return strings.Replace(s, "watchMaxTTLSeconds | int64 | quote", "watchMaxTTLSeconds | quote", 1)
 		}, "want a decimal integer", 1},
