@@ -6,6 +6,10 @@
 // Volumes are bind-mounted at their mountPath in a private mount namespace
 // per container (root needed); where that is impossible, --volumes=env
 // leaves the filesystem alone and passes TELO_VOLUME_<NAME>=<dir> instead.
+// As root, each container runs as the user and groups of its security
+// contexts (runAsUser, runAsGroup, fsGroup, supplementalGroups, with
+// runAsNonRoot checked) and the mapped programs are staged under --root
+// where any user can run them.
 package main
 
 import (

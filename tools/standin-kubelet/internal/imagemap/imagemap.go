@@ -9,9 +9,12 @@ package imagemap
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -85,4 +88,90 @@ func Repository(image string) string {
 		image = image[:i]
 	}
 	return image
+}
+
+// Stage puts a copy of every program of m into dir and returns the map
+// with the copies, so that any user can run them: a program the tests
+// build into a 0700 temporary directory is out of reach of a container
+// that runs as uid 1000. dir is emptied first; each program gets its own
+// directory dir/<n> (n counts the distinct programs in path order), mode
+// 0755, holding it under its own base name (a shell finds the telo image's
+// program as "telo" through PATH). A program that is already readable and
+// executable by everyone is hard-linked when dir is on its file system;
+// anything else is copied with mode 0755. Symbolic links are resolved
+// first (/bin/sh → the shell itself, under the name sh).
+func (m Map) Stage(dir string) (Map, error) {
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, fmt.Errorf("stage programs: %w", err)
+	}
+	if err := mkdir(dir); err != nil {
+		return nil, fmt.Errorf("stage programs: %w", err)
+	}
+	programs := map[string]string{}
+	for _, p := range m {
+		programs[p] = ""
+	}
+	paths := make([]string, 0, len(programs))
+	for p := range programs {
+		paths = append(paths, p)
+	}
+	slices.Sort(paths)
+	for n, p := range paths {
+		d := filepath.Join(dir, strconv.Itoa(n))
+		if err := mkdir(d); err != nil {
+			return nil, fmt.Errorf("stage %s: %w", p, err)
+		}
+		staged := filepath.Join(d, filepath.Base(p))
+		if err := stage(p, staged); err != nil {
+			return nil, fmt.Errorf("stage %s: %w", p, err)
+		}
+		programs[p] = staged
+	}
+	out := make(Map, len(m))
+	for image, p := range m {
+		out[image] = programs[p]
+	}
+	return out, nil
+}
+
+// mkdir creates dir with mode 0755 whatever the umask.
+func mkdir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	return os.Chmod(dir, 0o755)
+}
+
+// stage hard-links or copies program to dst.
+func stage(program, dst string) error {
+	src, err := filepath.EvalSymlinks(program)
+	if err != nil {
+		return err
+	}
+	fi, err := os.Stat(src)
+	if err != nil {
+		return err
+	}
+	// A link shares the file's mode: only one that everyone may read and
+	// run already is linked rather than changed.
+	if fi.Mode().Perm()&0o555 == 0o555 && os.Link(src, dst) == nil {
+		return nil
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = in.Close() }()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		_ = out.Close()
+		return err
+	}
+	if err := out.Close(); err != nil {
+		return err
+	}
+	return os.Chmod(dst, 0o755)
 }

@@ -88,3 +88,83 @@ func TestParseErrors(t *testing.T) {
 		t.Errorf("Parse(sh=sh) = %v, %v, want an absolute path from PATH", m, err)
 	}
 }
+
+// TestStage: every program lands in its own 0755 directory under its own
+// name, readable and runnable by anyone; a program everyone may run
+// already is hard-linked, a private one copied, a symbolic link resolved;
+// the originals are untouched and a second Stage starts afresh.
+func TestStage(t *testing.T) {
+	src := t.TempDir()
+	write := func(name string, mode os.FileMode, body string) string {
+		p := filepath.Join(src, name)
+		if err := os.WriteFile(p, []byte(body), mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	public := write("telo", 0o755, "#!/bin/sh\necho public\n")
+	private := write("private", 0o700, "#!/bin/sh\necho private\n")
+	link := filepath.Join(src, "sh")
+	if err := os.Symlink("telo", link); err != nil {
+		t.Fatal(err)
+	}
+	m := Map{"a": public, "a2": public, "b": private, "c": link}
+	dir := filepath.Join(t.TempDir(), "images")
+	if err := os.MkdirAll(filepath.Join(dir, "stale"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	got, err := m.Stage(dir)
+	if err != nil {
+		t.Fatalf("Stage() = %v", err)
+	}
+	// Distinct programs in path order: private, sh, telo.
+	want := Map{
+		"a": filepath.Join(dir, "2", "telo"), "a2": filepath.Join(dir, "2", "telo"),
+		"b": filepath.Join(dir, "0", "private"), "c": filepath.Join(dir, "1", "sh"),
+	}
+	if len(got) != len(want) {
+		t.Fatalf("Stage() = %v, want %v", got, want)
+	}
+	for image, p := range want {
+		if got[image] != p {
+			t.Errorf("Stage()[%q] = %q, want %q", image, got[image], p)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "stale")); !os.IsNotExist(err) {
+		t.Errorf("stale entry: err = %v, want it removed", err)
+	}
+	for _, d := range []string{dir, filepath.Join(dir, "0"), filepath.Join(dir, "1"), filepath.Join(dir, "2")} {
+		if fi, err := os.Stat(d); err != nil || fi.Mode() != os.ModeDir|0o755 {
+			t.Errorf("%s: %v, %v, want a 0755 directory", d, fi.Mode(), err)
+		}
+	}
+	same := func(a, b string) bool {
+		fa, err1 := os.Stat(a)
+		fb, err2 := os.Stat(b)
+		return err1 == nil && err2 == nil && os.SameFile(fa, fb)
+	}
+	for image, body := range map[string]string{"a": "public", "b": "private", "c": "public"} {
+		fi, err := os.Lstat(got[image])
+		if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm() != 0o755 {
+			t.Errorf("staged %s: %v, %v, want a regular 0755 file", image, fi.Mode(), err)
+		}
+		if b, err := os.ReadFile(got[image]); err != nil || string(b) != "#!/bin/sh\necho "+body+"\n" {
+			t.Errorf("staged %s = %q, %v", image, b, err)
+		}
+	}
+	if !same(got["a"], public) || !same(got["c"], public) {
+		t.Errorf("a program everyone may run was copied, want a hard link")
+	}
+	if same(got["b"], private) {
+		t.Errorf("a private program was linked, want a copy")
+	}
+	if fi, err := os.Stat(private); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("original private program: %v, %v, want it untouched (0700)", fi.Mode(), err)
+	}
+	if _, err := m.Stage(dir); err != nil {
+		t.Fatalf("second Stage() = %v", err)
+	}
+}

@@ -46,6 +46,7 @@ type env struct {
 	client  kubernetes.Interface
 	root    string
 	images  imagemap.Map
+	private string // the program of privateImage
 	stop    func() // stops the running kubelet
 	kubelet *Kubelet
 }
@@ -58,11 +59,12 @@ func TestIntegration(t *testing.T) {
 	}
 	rc.QPS, rc.Burst = 200, 400
 	client := kubernetes.NewForConfigOrDie(rc)
-	images, err := imagemap.Parse("busybox=/bin/sh")
+	private := privateProgram(t)
+	images, err := imagemap.Parse("busybox=/bin/sh," + privateImage + "=" + private)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, cp: cp, rc: rc, client: client, root: t.TempDir(), images: images}
+	e := &env{t: t, cp: cp, rc: rc, client: client, root: t.TempDir(), images: images, private: private}
 	ctx := ctxFor(t, 5*time.Minute)
 
 	if _, err := client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testNS}}, metav1.CreateOptions{}); err != nil {
@@ -86,6 +88,10 @@ func TestIntegration(t *testing.T) {
 	t.Run("Restart", e.testRestart)
 	t.Run("Deadline", e.testDeadline)
 	t.Run("UnmappedImage", e.testUnmappedImage)
+	t.Run("Identity", e.testIdentity)
+	t.Run("SharedEmptyDir", e.testSharedEmptyDir)
+	t.Run("RunAsNonRoot", e.testRunAsNonRoot)
+	t.Run("PrivateProgram", e.testPrivateProgram)
 	t.Run("KubeletRestart", e.testKubeletRestart)
 	e.stop()
 }

@@ -87,9 +87,10 @@ type Kubelet struct {
 	mu   sync.Mutex
 	pods map[types.UID]*entry // admitted pods
 
-	sandboxes sync.WaitGroup // one Run per admitted pod
-	podsDir   string
-	ready     chan struct{}
+	sandboxes     sync.WaitGroup // one Run per admitted pod
+	podsDir       string
+	applyIdentity bool
+	ready         chan struct{}
 }
 
 // entry is one admitted pod.
@@ -121,19 +122,44 @@ func New(cfg Config) (*Kubelet, error) {
 		}
 		cfg.Helper = self
 	}
+	// Identities need root: set*id, chown to an fsGroup.
+	applyIdentity := os.Geteuid() == 0
+	if !applyIdentity {
+		cfg.Log.Warn("not running as root: runAsUser, runAsGroup, fsGroup, supplementalGroups and runAsNonRoot "+
+			"are not applied, every container runs as the kubelet's user", "uid", os.Geteuid())
+	}
+	// Containers running as another user reach the root's directories
+	// (pods, staged programs): 0755 whatever the umask.
+	if err := mkdirMode(cfg.Root); err != nil {
+		return nil, fmt.Errorf("create root directory: %w", err)
+	}
 	podsDir := filepath.Join(cfg.Root, "pods")
 	// Processes of an earlier run died with it (parent-death signal).
 	if err := os.RemoveAll(podsDir); err != nil {
 		return nil, fmt.Errorf("clean pod directories: %w", err)
 	}
-	if err := os.MkdirAll(podsDir, 0o755); err != nil {
+	if err := mkdirMode(podsDir); err != nil {
 		return nil, fmt.Errorf("create pod directories: %w", err)
+	}
+	if applyIdentity {
+		images, err := cfg.Images.Stage(filepath.Join(cfg.Root, "images"))
+		if err != nil {
+			return nil, err
+		}
+		cfg.Images = images
 	}
 	if cfg.Volumes == "" {
 		cfg.Volumes = sandbox.VolumesMount
 		if err := mountns.Probe(cfg.Helper, cfg.Root); err != nil {
 			cfg.Log.Warn("mount namespaces unavailable, volumes are passed as TELO_VOLUME_* env", "err", err)
 			cfg.Volumes = sandbox.VolumesEnv
+		}
+	}
+	if applyIdentity && cfg.Volumes == sandbox.VolumesEnv {
+		if dir := unsearchable(cfg.Root); dir != "" {
+			cfg.Log.Warn("volume mode env: containers that run as another user than root cannot reach the pod "+
+				"directories, volumes and programs under --root, a directory above it is not searchable by others",
+				"dir", dir)
 		}
 	}
 	tlsCfg, err := selfSignedTLS(cfg.NodeName)
@@ -157,6 +183,8 @@ func New(cfg Config) (*Kubelet, error) {
 		pods:    map[types.UID]*entry{},
 		podsDir: podsDir,
 		ready:   make(chan struct{}),
+
+		applyIdentity: applyIdentity,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "pods"}),
@@ -164,6 +192,28 @@ func New(cfg Config) (*Kubelet, error) {
 			workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "bind"}),
 	}, nil
+}
+
+// mkdirMode creates dir (and its parents) and makes it 0755 whatever the
+// umask.
+func mkdirMode(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	return os.Chmod(dir, 0o755)
+}
+
+// unsearchable returns the first directory on the way to dir that others
+// cannot search, or "" when there is none.
+func unsearchable(dir string) string {
+	for d := dir; ; d = filepath.Dir(d) {
+		if fi, err := os.Stat(d); err == nil && fi.Mode().Perm()&0o001 == 0 {
+			return d
+		}
+		if d == filepath.Dir(d) {
+			return ""
+		}
+	}
 }
 
 // Port is the HTTPS port serving attach.

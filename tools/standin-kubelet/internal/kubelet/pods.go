@@ -187,7 +187,9 @@ func (k *Kubelet) admit(ctx context.Context, pod *v1.Pod) (*entry, error) {
 			k.ips.Release(e.ip)
 		}
 	}
-	if err := os.MkdirAll(e.dir, 0o755); err != nil {
+	// The pod directory is the working directory of containers without
+	// an existing workingDir, whatever user they run as.
+	if err := mkdirMode(e.dir); err != nil {
 		release()
 		return nil, fmt.Errorf("admit pod %s: %w", e.key, err)
 	}
@@ -195,7 +197,7 @@ func (k *Kubelet) admit(ctx context.Context, pod *v1.Pod) (*entry, error) {
 	sb, err := sandbox.New(sandbox.Config{
 		Pod: pod, NodeName: k.cfg.NodeName, IP: ip, HostIP: HostIP, Dir: e.dir,
 		Images: k.cfg.Images, Volumes: k.cfg.Volumes, Helper: k.cfg.Helper,
-		Objects: objects{k.client}, Log: k.log,
+		ApplyIdentity: k.applyIdentity, Objects: objects{k.client}, Log: k.log,
 		OnChange: func() { k.queue.Add(key) },
 	})
 	if err != nil {

@@ -12,8 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// run does the helper's work: mount, chdir, exec. It only returns on error
-// (or after mounting when spec.Probe is set).
+// run does the helper's work: mount, chdir, switch identity, exec. It only
+// returns on error (or after mounting when spec.Probe is set).
 func run(spec Spec, argv []string) error {
 	if !spec.Probe && (spec.Path == "" || len(argv) == 0) {
 		return errNoProgram
@@ -31,48 +31,58 @@ func run(spec Spec, argv []string) error {
 	if err != nil {
 		return fmt.Errorf("open pod directory %s: %w", spec.FallbackDir, err)
 	}
-	// Directories a mount is about to cover stay reachable through a
-	// descriptor that is kept open across exec, as /proc/self/fd/N: the
-	// program itself, an interpreter opening a script by that path, and
-	// PATH lookups of the program's children all use it.
-	kept := map[string]string{}
-	keep := func(dir string) (string, error) {
-		if p, ok := kept[dir]; ok {
-			return p, nil
+	// The program's directory and every PATH entry are opened now too, as
+	// root: one that a mount is about to cover, or whose path the
+	// program's user cannot search, is then reached through a descriptor
+	// kept open across exec, as /proc/self/fd/N — by the exec below, by an
+	// interpreter opening a script by that path, and by PATH lookups of
+	// the program's children.
+	held := map[string]*heldDir{}
+	hold := func(dir string) (*heldDir, error) {
+		if h, ok := held[dir]; ok {
+			return h, nil
 		}
-		fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY, 0)
+		h := &heldDir{path: dir, covered: covered(dir, spec.Mounts)}
+		fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return "", err
-		}
-		kept[dir] = fmt.Sprintf("/proc/self/fd/%d", fd)
-		return kept[dir], nil
-	}
-	program := spec.Path
-	env := os.Environ()
-	if !spec.Probe {
-		if covered(spec.Path, spec.Mounts) {
-			dir, err := keep(filepath.Dir(spec.Path))
-			if err != nil {
-				return fmt.Errorf("open program directory: %w", err)
+			if h.covered {
+				return nil, err
 			}
-			program = dir + "/" + filepath.Base(spec.Path)
+			// Not there or not a directory: the path is used as it is.
+			h.fd = -1
+		} else {
+			h.fd = fd
+		}
+		held[dir] = h
+		return h, nil
+	}
+	env := os.Environ()
+	var programDir *heldDir
+	pathAt := -1
+	var pathEntries []*heldDir
+	var pathList []string
+	if !spec.Probe {
+		if programDir, err = hold(filepath.Dir(spec.Path)); err != nil {
+			return fmt.Errorf("open program directory: %w", err)
 		}
 		for i, kv := range env {
 			path, ok := strings.CutPrefix(kv, "PATH=")
 			if !ok {
 				continue
 			}
-			entries := filepath.SplitList(path)
-			for j, e := range entries {
-				if filepath.IsAbs(e) && covered(e, spec.Mounts) {
-					if fi, err := os.Stat(e); err == nil && fi.IsDir() {
-						if entries[j], err = keep(e); err != nil {
-							return fmt.Errorf("open PATH entry %s: %w", e, err)
-						}
-					}
+			pathAt, pathList = i, filepath.SplitList(path)
+			pathEntries = make([]*heldDir, len(pathList))
+			for j, e := range pathList {
+				if !filepath.IsAbs(e) {
+					continue
+				}
+				if fi, err := os.Stat(e); err != nil || !fi.IsDir() {
+					continue
+				}
+				if pathEntries[j], err = hold(e); err != nil {
+					return fmt.Errorf("open PATH entry %s: %w", e, err)
 				}
 			}
-			env[i] = "PATH=" + strings.Join(entries, string(filepath.ListSeparator))
 		}
 	}
 
@@ -97,6 +107,9 @@ func run(spec Spec, argv []string) error {
 		return nil
 	}
 
+	// The working directory is entered as root, like runc does: a
+	// directory only root can enter is still the program's working
+	// directory.
 	if fi, err := os.Stat(spec.Dir); spec.Dir != "" && err == nil && fi.IsDir() {
 		if err := os.Chdir(spec.Dir); err != nil {
 			return fmt.Errorf("change to working directory %s: %w", spec.Dir, err)
@@ -104,9 +117,64 @@ func run(spec Spec, argv []string) error {
 	} else if err := unix.Fchdir(fallback); err != nil {
 		return fmt.Errorf("change to pod directory: %w", err)
 	}
+	nonRoot := false
+	if id := spec.Identity; id != nil {
+		if err := id.Apply(); err != nil {
+			return err
+		}
+		nonRoot = !id.Root()
+	}
+
+	program := spec.Path
+	if p, err := programDir.reach(nonRoot); err != nil {
+		return fmt.Errorf("keep program directory: %w", err)
+	} else if p != programDir.path {
+		program = p + "/" + filepath.Base(spec.Path)
+	}
+	if pathAt >= 0 {
+		for j, h := range pathEntries {
+			if h == nil {
+				continue
+			}
+			if pathList[j], err = h.reach(nonRoot); err != nil {
+				return fmt.Errorf("keep PATH entry %s: %w", h.path, err)
+			}
+		}
+		env[pathAt] = "PATH=" + strings.Join(pathList, string(filepath.ListSeparator))
+	}
 	unix.CloseOnExec(spec.StatusFD)
 	err = syscall.Exec(program, argv, env)
 	return fmt.Errorf("exec %s: %w", spec.Path, err)
+}
+
+// heldDir is a directory the program may need by path, opened (O_PATH,
+// close-on-exec) before mounting; fd is -1 when it could not be opened.
+type heldDir struct {
+	path    string
+	fd      int
+	covered bool // a mount hides path
+	kept    string
+}
+
+// reach returns how the program reaches the directory: its path, or
+// /proc/self/fd/N when a mount covers the path or (nonRoot: the process
+// already switched to a user other than root) that user cannot search it.
+// A kept descriptor stays open across exec.
+func (h *heldDir) reach(nonRoot bool) (string, error) {
+	if h.kept != "" {
+		return h.kept, nil
+	}
+	if h.fd < 0 {
+		return h.path, nil
+	}
+	if !h.covered && (!nonRoot || unix.Access(h.path, unix.X_OK) == nil) {
+		return h.path, nil
+	}
+	if _, err := unix.FcntlInt(uintptr(h.fd), unix.F_SETFD, 0); err != nil {
+		return "", err
+	}
+	h.kept = fmt.Sprintf("/proc/self/fd/%d", h.fd)
+	return h.kept, nil
 }
 
 // bind mounts the opened source at m.Target, creating the target like a

@@ -9,6 +9,13 @@
 // program itself (an emptyDir at /tmp over a volume or a binary under /tmp)
 // is harmless because sources are opened before anything is mounted.
 //
+// When the spec carries an identity, the helper switches to it after
+// mounting and changing directory and before exec'ing (setgroups, setgid,
+// setuid), as a container runtime does. The program, its directory and the
+// PATH entries stay reachable even when the new user cannot search their
+// path on the host (a directory under a 0700 temporary directory): they
+// were opened as root and are then used as /proc/self/fd/N.
+//
 // Every binary that can act as the helper must call Main first thing in
 // main (and in TestMain of tests that start containers).
 package mountns
@@ -21,6 +28,8 @@ import (
 	"os"
 	"os/exec"
 	"syscall"
+
+	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/identity"
 )
 
 // envSpec carries the JSON Spec from the kubelet to the helper.
@@ -49,6 +58,9 @@ type Spec struct {
 	// Path is the absolute path of the program; argv comes from the
 	// helper's own arguments.
 	Path string `json:"path"`
+	// Identity, when set, is what the program runs as; nil keeps the
+	// helper's own (root).
+	Identity *identity.Identity `json:"identity,omitempty"`
 	// Probe makes the helper exit 0 after mounting instead of exec'ing.
 	Probe bool `json:"probe,omitempty"`
 	// StatusFD is the helper's end of the start-status pipe.

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/identity"
 	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/mountns"
 )
 
@@ -31,6 +32,11 @@ type Spec struct {
 	// in a new mount namespace; the working directory is then Mount's.
 	Mount  *mountns.Spec
 	Helper string
+	// Identity, when set, is the user and groups the program runs as
+	// (the caller must be root): the mount helper switches to it before
+	// exec'ing, or the fork does (SysProcAttr.Credential) without one. A
+	// pty is handed to that user, as a terminal login does.
+	Identity *identity.Identity
 
 	TTY       bool
 	Stdin     bool // keep stdin open for attach sessions
@@ -92,10 +98,14 @@ func Start(spec Spec) (*Process, error) {
 	var finish func(error) error
 	if spec.Mount != nil {
 		cmd.Dir = ""
+		m := *spec.Mount
+		m.Identity = spec.Identity
 		var err error
-		if finish, err = mountns.Prepare(cmd, spec.Helper, *spec.Mount, spec.Argv); err != nil {
+		if finish, err = mountns.Prepare(cmd, spec.Helper, m, spec.Argv); err != nil {
 			return nil, err
 		}
+	} else if spec.Identity != nil {
+		cmd.SysProcAttr.Credential = spec.Identity.Credential()
 	}
 	// The child's ends of its streams; closed here once it started.
 	var childEnds []*os.File
@@ -110,6 +120,13 @@ func Start(spec Spec) (*Process, error) {
 		master, slave, err := openPTY()
 		if err != nil {
 			return nil, err
+		}
+		if id := spec.Identity; id != nil && !id.Root() {
+			if err := slave.Chown(int(id.UID), int(id.GID)); err != nil {
+				_ = master.Close()
+				_ = slave.Close()
+				return nil, fmt.Errorf("hand pty to uid %d: %w", id.UID, err)
+			}
 		}
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
 		childEnds = append(childEnds, slave)

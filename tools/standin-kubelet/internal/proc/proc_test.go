@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/identity"
 	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/mountns"
 )
 
@@ -266,5 +267,35 @@ func TestMountNamespace(t *testing.T) {
 	}
 	if b, err := os.ReadFile(filepath.Join(vol, "file")); err != nil || string(b) != "hi\n" {
 		t.Errorf("volume file = %q, %v, want %q", b, err, "hi\n")
+	}
+}
+
+// TestTTYIdentity runs a program as uid 1000 with a pty, without the mount
+// helper (SysProcAttr.Credential): it has the identity's ids and owns its
+// terminal, so it can open it by name as a login shell can.
+func TestTTYIdentity(t *testing.T) {
+	p := sh(t, `read l; echo "ids:$(id -u):$(id -g):$(id -G)"; if echo x > "$(tty)"; then echo "tty:own"; else echo "tty:denied"; fi`, func(s *Spec) {
+		s.TTY, s.Stdin, s.Dir = true, true, "/"
+		s.Identity = &identity.Identity{UID: 1000, GID: 1001, Groups: []uint32{2000, 3000}}
+	})
+	inR, inW := io.Pipe()
+	var out syncBuffer
+	res := make(chan error, 1)
+	go func() { res <- p.Attach(context.Background(), inR, &out, nil, nil) }()
+	if _, err := inW.Write([]byte("go\n")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-res:
+		if err != nil {
+			t.Fatalf("Attach() = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Attach() did not return after the process exited")
+	}
+	for _, want := range []string{"ids:1000:1001:1001 2000 3000", "tty:own"} {
+		if got := out.String(); !strings.Contains(got, want) {
+			t.Errorf("terminal output = %q, want it to contain %q", got, want)
+		}
 	}
 }

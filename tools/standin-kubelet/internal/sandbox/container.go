@@ -11,6 +11,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/identity"
 	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/mountns"
 	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/podstatus"
 	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/proc"
@@ -48,8 +49,9 @@ func (s *Sandbox) runContainer(ctx context.Context, isInit bool, i int, vols map
 				r := rec(sn)
 				r.Reason, r.Message = reason, err.Error()
 			})
-			if reason == podstatus.ReasonErrImagePull {
-				<-s.stop // the image map never changes
+			var pe permanentError
+			if reason == podstatus.ReasonErrImagePull || errors.As(err, &pe) {
+				<-s.stop // the image map and the pod's spec never change
 				return false
 			}
 			if !s.sleep(retryInterval) {
@@ -69,7 +71,11 @@ func (s *Sandbox) runContainer(ctx context.Context, isInit bool, i int, vols map
 		} else {
 			id := fmt.Sprintf("standin://%d", p.Pid())
 			s.register(c.Name, p)
-			log.Debug("container started", "pid", p.Pid())
+			if spec.Identity != nil {
+				log.Debug("container started", "pid", p.Pid(), "uid", spec.Identity.UID, "gid", spec.Identity.GID, "groups", spec.Identity.Groups)
+			} else {
+				log.Debug("container started", "pid", p.Pid())
+			}
 			s.update(func(sn *podstatus.Snapshot) {
 				r := rec(sn)
 				r.State, r.Reason, r.Message = podstatus.Running, "", ""
@@ -107,6 +113,12 @@ func (s *Sandbox) runContainer(ctx context.Context, isInit bool, i int, vols map
 	}
 }
 
+// permanentError is a reason not to start a container that retrying cannot
+// change.
+type permanentError struct{ error }
+
+func (e permanentError) Unwrap() error { return e.error }
+
 // processSpec resolves everything a container needs to start; reason says
 // why it cannot (ErrImagePull, CreateContainerConfigError).
 func (s *Sandbox) processSpec(ctx context.Context, c *v1.Container, vols map[string]volume) (proc.Spec, string, error) {
@@ -115,6 +127,17 @@ func (s *Sandbox) processSpec(ctx context.Context, c *v1.Container, vols map[str
 		return proc.Spec{}, podstatus.ReasonErrImagePull,
 			fmt.Errorf("image %q is not mapped to a program (--image-map)", c.Image)
 	}
+	var id *identity.Identity
+	home := "/root"
+	if s.cfg.ApplyIdentity {
+		// Checked where the kubelet checks it, after the image and
+		// before anything else of the container's config.
+		if err := identity.VerifyRunAsNonRoot(s.pod, c); err != nil {
+			return proc.Spec{}, podstatus.ReasonConfigError, permanentError{err}
+		}
+		resolved := identity.Resolve(s.pod, c)
+		id, home = &resolved, resolved.Home()
+	}
 	var volDirs map[string]string
 	if s.cfg.Volumes == VolumesEnv {
 		volDirs = map[string]string{}
@@ -122,7 +145,7 @@ func (s *Sandbox) processSpec(ctx context.Context, c *v1.Container, vols map[str
 			volDirs[name] = v.path
 		}
 	}
-	env, err := s.containerEnv(ctx, c, program, volDirs)
+	env, err := s.containerEnv(ctx, c, program, home, volDirs)
 	if err != nil {
 		return proc.Spec{}, podstatus.ReasonConfigError, err
 	}
@@ -134,15 +157,20 @@ func (s *Sandbox) processSpec(ctx context.Context, c *v1.Container, vols map[str
 		TTY:       c.TTY,
 		Stdin:     c.Stdin,
 		StdinOnce: c.StdinOnce,
+		Identity:  id,
 	}
 	ms, err := mounts(c, vols, env.vals)
 	if err != nil {
 		return proc.Spec{}, podstatus.ReasonConfigError, err
 	}
 	switch {
-	case s.cfg.Volumes == VolumesMount && len(ms) > 0:
-		// Only containers that mount something pay for the helper (a
-		// re-exec of the kubelet binary, some tens of milliseconds).
+	case s.cfg.Volumes == VolumesMount && (len(ms) > 0 || id != nil && !id.Root()):
+		// Only containers that mount something or run as another user
+		// than root pay for the helper (a re-exec of the kubelet binary,
+		// some tens of milliseconds). Another user may not be able to
+		// search the path of the pod directory or of the program (under
+		// --root, in a 0700 temporary directory): the helper reaches
+		// them through descriptors opened as root.
 		spec.Helper = s.cfg.Helper
 		spec.Mount = &mountns.Spec{Mounts: ms, Dir: c.WorkingDir, FallbackDir: s.cfg.Dir, Path: path}
 	default:

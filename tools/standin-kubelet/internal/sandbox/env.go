@@ -54,12 +54,12 @@ func (e *envList) environ() []string {
 }
 
 // containerEnv builds c's environment the way a kubelet does, on top of a
-// small base (PATH, HOSTNAME, HOME, TERM for a tty) and POD_IP: envFrom
+// small base (PATH, HOSTNAME, HOME=home, TERM for a tty) and POD_IP: envFrom
 // first, then env in order, each value expanded against what was defined
 // before it. volumes (env volume mode only) adds TELO_VOLUME_* entries.
 // PATH is the host's with the directory of the image's program first, so
 // that a script can run the program by its file name.
-func (s *Sandbox) containerEnv(ctx context.Context, c *v1.Container, program string, volumes map[string]string) (*envList, error) {
+func (s *Sandbox) containerEnv(ctx context.Context, c *v1.Container, program, home string, volumes map[string]string) (*envList, error) {
 	e := &envList{}
 	path := os.Getenv("PATH")
 	if path == "" {
@@ -70,7 +70,7 @@ func (s *Sandbox) containerEnv(ctx context.Context, c *v1.Container, program str
 	}
 	e.set("PATH", path)
 	e.set("HOSTNAME", s.pod.Name)
-	e.set("HOME", "/root")
+	e.set("HOME", home)
 	if c.TTY {
 		e.set("TERM", "xterm")
 	}

@@ -59,8 +59,14 @@ type Config struct {
 	Images   imagemap.Map
 	Volumes  VolumeMode
 	Helper   string // mount helper binary (VolumesMount)
-	Objects  Objects
-	Log      *slog.Logger
+	// ApplyIdentity runs every container as the user and groups of its
+	// security contexts (runAsUser, runAsGroup, fsGroup,
+	// supplementalGroups), refuses runAsNonRoot containers that would run
+	// as root, and gives volumes to the fsGroup. It needs root; without it
+	// everything runs as the caller.
+	ApplyIdentity bool
+	Objects       Objects
+	Log           *slog.Logger
 	// OnChange is called, without locks held, after every change of the
 	// snapshot. It must not block.
 	OnChange func()
