@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -296,6 +297,7 @@ func kubeWatchTwoApps(t *testing.T, k *kubeCluster, r *runner) {
 	sse.until(t, 30*time.Second, isRun("web", "started", 1))
 
 	checkWatchPod(t, k.pod(t, id))
+	checkRunsAsPodUser(t, k.pod(t, id))
 	ports, ingHosts := k.routing(t, id)
 	want := []string{fmt.Sprintf("tcp-%d", webPort), fmt.Sprintf("tcp-%d", workerPort)}
 	slices.Sort(want)
@@ -567,6 +569,38 @@ func kubeOrphans(t *testing.T, k *kubeCluster) {
 	for _, p := range []*corev1.Pod{orphan, bystander} {
 		if _, err := k.admin.CoreV1().Pods(k.env.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("create pod %s: %v", p.Name, err)
+		}
+	}
+}
+
+// checkRunsAsPodUser reads each running container's process (the stand-in
+// kubelet's container ids are standin://<pid>) and checks it runs as the
+// pod's non-root user with the shared fsGroup: the runner's binaries work
+// unprivileged on the pod's volumes.
+func checkRunsAsPodUser(t *testing.T, p *corev1.Pod) {
+	t.Helper()
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.State.Running == nil {
+			t.Errorf("container %s not running: %+v", cs.Name, cs.State)
+			continue
+		}
+		pid := strings.TrimPrefix(cs.ContainerID, "standin://")
+		status, err := os.ReadFile("/proc/" + pid + "/status")
+		if err != nil {
+			t.Errorf("container %s (%s): %v", cs.Name, cs.ContainerID, err)
+			continue
+		}
+		fields := map[string][]string{}
+		for _, line := range strings.Split(string(status), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok {
+				fields[k] = strings.Fields(v)
+			}
+		}
+		if uid := fields["Uid"]; len(uid) < 2 || uid[0] != "1000" || uid[1] != "1000" {
+			t.Errorf("container %s runs as uid %v, want 1000 (runAsUser)", cs.Name, uid)
+		}
+		if gid := fields["Gid"]; len(gid) < 1 || gid[0] != "1000" || !slices.Contains(fields["Groups"], "1000") {
+			t.Errorf("container %s gid %v groups %v, want 1000 and the fsGroup 1000", cs.Name, gid, fields["Groups"])
 		}
 	}
 }
