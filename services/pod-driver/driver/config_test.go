@@ -3,6 +3,7 @@ package driver
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/kubernetes"
 )
@@ -37,6 +38,8 @@ func TestLoadConfigKubernetesOverrides(t *testing.T) {
 		"SESSION_INGRESS_TLS_SECRET": "wild", "RUNNER_MAX_CPU": "100m", "RUNNER_MAX_MEMORY": "200Mi",
 		"RUNNER_MAX_EPHEMERAL_STORAGE": "1G", "RUNNER_MAX_TTL_SECONDS": "60", "RUNNER_APP_MAX_CPU": "1",
 		"RUNNER_APP_MAX_TTL_SECONDS": "120", "RUNNER_WATCH_MAX_TTL_SECONDS": "300", "KUBECONFIG": "/k/config",
+		"RUNNER_RUN_START_DEADLINE_SECONDS": "30", "RUNNER_WATCH_START_DEADLINE_SECONDS": "600",
+		"RUNNER_WORKSPACE_READY_SECONDS": "45", "RUNNER_RELAY_RETRY_MS": "250",
 	}))
 	if err != nil {
 		t.Fatalf("LoadConfig() = %v", err)
@@ -48,9 +51,13 @@ func TestLoadConfigKubernetesOverrides(t *testing.T) {
 		RunLimits:          kubernetes.Limits{CPU: "100m", Memory: "200Mi", EphemeralStorage: "1G", TTLSeconds: 60},
 		AppLimits:          kubernetes.Limits{CPU: "1", Memory: "512Mi", EphemeralStorage: "1Gi", TTLSeconds: 120},
 		WatchMaxTTLSeconds: 300, Kubeconfig: "/k/config",
+		RunStartDeadline: 30 * time.Second, WatchStartDeadline: 600 * time.Second, WorkspaceReady: 45 * time.Second,
 	}
 	if k != want {
 		t.Errorf("Kube = %+v, want %+v", k, want)
+	}
+	if c.RelayRetry != 250*time.Millisecond {
+		t.Errorf("RelayRetry = %v, want 250ms", c.RelayRetry)
 	}
 }
 
@@ -66,6 +73,10 @@ func TestLoadConfigKubernetesErrorsNameTheVariable(t *testing.T) {
 		{"RUNNER_APP_MAX_MEMORY", "many"},
 		{"RUNNER_APP_MAX_TTL_SECONDS", "soon"},
 		{"RUNNER_WATCH_MAX_TTL_SECONDS", "-5"},
+		{"RUNNER_RUN_START_DEADLINE_SECONDS", "0"},
+		{"RUNNER_WATCH_START_DEADLINE_SECONDS", "1h"},
+		{"RUNNER_WORKSPACE_READY_SECONDS", "100000"},
+		{"RUNNER_RELAY_RETRY_MS", "1"},
 		{"RUNNER_BACKEND", "docker"},
 	} {
 		vars := map[string]string{"RUNNER_BACKEND": "kubernetes", tt.key: tt.value}

@@ -47,6 +47,9 @@ type Config struct {
 	ID string
 	// OwnerTTL is how long an owner key outlives a dead driver.
 	OwnerTTL time.Duration
+	// RelayRetry is RUNNER_RELAY_RETRY_MS: the longest pause between
+	// debug-relay connection attempts (0: the contract's 500 ms).
+	RelayRetry time.Duration
 	// Kube is the kubernetes backend's configuration (RUNNER_BACKEND=kubernetes).
 	Kube KubeConfig
 }
@@ -80,6 +83,13 @@ func LoadConfig(lookup func(string) (string, bool)) (Config, error) {
 		c.ReplayBufferBytes = n
 	}
 	c.ID = get("RUNNER_DRIVER_ID")
+	if v := get("RUNNER_RELAY_RETRY_MS"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 10 || n > 60000 {
+			return c, fmt.Errorf("RUNNER_RELAY_RETRY_MS: must be an integer from 10 to 60000, got %q", v)
+		}
+		c.RelayRetry = time.Duration(n) * time.Millisecond
+	}
 	if c.Backend == "kubernetes" {
 		var err error
 		if c.Kube, err = loadKubeConfig(get); err != nil {
@@ -168,7 +178,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	}
 	switch cfg.Backend {
 	case "kubernetes":
-		kb, err := newKubeBackend(cfg.Kube, log)
+		kb, err := newKubeBackend(cfg.Kube, cfg.RelayRetry, log)
 		if err != nil {
 			return fmt.Errorf("kubernetes backend: %w", err)
 		}
@@ -183,7 +193,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 		}
 		be = kb
 	default:
-		lb, err := local.New(local.Options{KernelCommand: cfg.KernelCommand, WorkspaceServerCommand: cfg.WorkspaceServerCommand, WorkRoot: workDir, Logger: log})
+		lb, err := local.New(local.Options{KernelCommand: cfg.KernelCommand, WorkspaceServerCommand: cfg.WorkspaceServerCommand, WorkRoot: workDir, RelayRetry: cfg.RelayRetry, Logger: log})
 		if err != nil {
 			return fmt.Errorf("local backend: %w", err)
 		}

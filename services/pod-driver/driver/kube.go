@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -21,6 +22,9 @@ type KubeConfig struct {
 	IngressBaseDomain, IngressClass, TLS string
 	RunLimits, AppLimits                 kubernetes.Limits
 	WatchMaxTTLSeconds                   int64
+	// The contract's fixed deadlines, configurable (19 item 34); zero
+	// means the contract's value.
+	RunStartDeadline, WatchStartDeadline, WorkspaceReady time.Duration
 	// Kubeconfig is KUBECONFIG; in a cluster (KUBERNETES_SERVICE_HOST set)
 	// the in-cluster credentials are used instead.
 	Kubeconfig string
@@ -82,6 +86,22 @@ func loadKubeConfig(get func(string) string) (KubeConfig, error) {
 		}
 		c.WatchMaxTTLSeconds = n
 	}
+	for _, d := range []struct {
+		key string
+		to  *time.Duration
+	}{
+		{"RUNNER_RUN_START_DEADLINE_SECONDS", &c.RunStartDeadline},
+		{"RUNNER_WATCH_START_DEADLINE_SECONDS", &c.WatchStartDeadline},
+		{"RUNNER_WORKSPACE_READY_SECONDS", &c.WorkspaceReady},
+	} {
+		if v := get(d.key); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n <= 0 || n > 86400 {
+				return c, fmt.Errorf("%s: must be an integer from 1 to 86400, got %q", d.key, v)
+			}
+			*d.to = time.Duration(n) * time.Second
+		}
+	}
 	return c, nil
 }
 
@@ -98,7 +118,7 @@ func (c KubeConfig) restConfig() (*rest.Config, error) {
 	return clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
 }
 
-func newKubeBackend(c KubeConfig, log *slog.Logger) (*kubernetes.Backend, error) {
+func newKubeBackend(c KubeConfig, relayRetry time.Duration, log *slog.Logger) (*kubernetes.Backend, error) {
 	rc, err := c.restConfig()
 	if err != nil {
 		return nil, fmt.Errorf("KUBECONFIG: %w", err)
@@ -107,6 +127,8 @@ func newKubeBackend(c KubeConfig, log *slog.Logger) (*kubernetes.Backend, error)
 		RestConfig: kubernetes.WithThrottle(rc), Namespace: c.Namespace, ManagedBy: c.ManagedBy,
 		KernelImage: c.KernelImage, WorkspaceImage: c.WorkspaceImage, RuntimeClass: c.RuntimeClass, ImagePullSecret: c.ImagePullSecret,
 		IngressBaseDomain: c.IngressBaseDomain, IngressClass: c.IngressClass, TLSSecret: c.TLS,
-		RunLimits: c.RunLimits, AppLimits: c.AppLimits, WatchMaxTTLSeconds: c.WatchMaxTTLSeconds, Logger: log,
+		RunLimits: c.RunLimits, AppLimits: c.AppLimits, WatchMaxTTLSeconds: c.WatchMaxTTLSeconds,
+		RunStartDeadline: c.RunStartDeadline, WatchStartDeadline: c.WatchStartDeadline, WorkspaceReady: c.WorkspaceReady,
+		RelayRetry: relayRetry, Logger: log,
 	})
 }

@@ -60,10 +60,12 @@ type Options struct {
 	AppLimits          Limits // RUNNER_APP_MAX_*
 	WatchMaxTTLSeconds int64  // RUNNER_WATCH_MAX_TTL_SECONDS
 
-	// StartDeadline bounds reaching Running: 0 means 120 s for run pods
-	// and 180 s for watch pods.
-	StartDeadline  time.Duration
-	WorkspaceReady time.Duration // 0: 120 s
+	// StartDeadline bounds reaching Running for every pod when set; else
+	// RunStartDeadline (0: 120 s) and WatchStartDeadline (0: 180 s) do.
+	StartDeadline      time.Duration
+	RunStartDeadline   time.Duration // RUNNER_RUN_START_DEADLINE_SECONDS
+	WatchStartDeadline time.Duration // RUNNER_WATCH_START_DEADLINE_SECONDS
+	WorkspaceReady     time.Duration // RUNNER_WORKSPACE_READY_SECONDS; 0: 120 s
 	// Reach times the reachability watchers (zero: contract 11.7).
 	Reach kernelwire.ReachTiming
 	// RelayRetry is the debug relay's reconnect pause (0: 500 ms).
@@ -85,7 +87,7 @@ func (o Options) Validate() error {
 	if err := o.AppLimits.Validate(); err != nil {
 		return fmt.Errorf("kubernetes backend: app limits: %w", err)
 	}
-	if o.WatchMaxTTLSeconds < 0 || o.StartDeadline < 0 || o.WorkspaceReady < 0 || o.RelayRetry < 0 {
+	if o.WatchMaxTTLSeconds < 0 || o.StartDeadline < 0 || o.RunStartDeadline < 0 || o.WatchStartDeadline < 0 || o.WorkspaceReady < 0 || o.RelayRetry < 0 {
 		return errors.New("kubernetes backend: negative duration")
 	}
 	return nil
@@ -113,8 +115,12 @@ func (o Options) startDeadline(watch bool) time.Duration {
 	switch {
 	case o.StartDeadline > 0:
 		return o.StartDeadline
+	case watch && o.WatchStartDeadline > 0:
+		return o.WatchStartDeadline
 	case watch:
 		return DefaultWatchStartDeadline
+	case o.RunStartDeadline > 0:
+		return o.RunStartDeadline
 	default:
 		return DefaultRunStartDeadline
 	}

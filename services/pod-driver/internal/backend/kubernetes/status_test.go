@@ -3,6 +3,7 @@ package kubernetes
 import (
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 )
@@ -68,5 +69,23 @@ func TestFirstExitCodeReadsTheSessionContainer(t *testing.T) {
 	}
 	if got := firstExitCode(&corev1.Pod{}); got != 0 {
 		t.Errorf("firstExitCode(no statuses) = %d, want 0", got)
+	}
+}
+
+func TestStartDeadlines(t *testing.T) {
+	for _, tt := range []struct {
+		o          Options
+		run, watch time.Duration
+	}{
+		{Options{}, 120 * time.Second, 180 * time.Second},
+		{Options{RunStartDeadline: time.Minute, WatchStartDeadline: 10 * time.Minute}, time.Minute, 10 * time.Minute},
+		{Options{StartDeadline: 5 * time.Second, WatchStartDeadline: 10 * time.Minute}, 5 * time.Second, 5 * time.Second},
+	} {
+		if got := tt.o.startDeadline(false); got != tt.run {
+			t.Errorf("%+v run deadline = %v, want %v", tt.o, got, tt.run)
+		}
+		if got := tt.o.startDeadline(true); got != tt.watch {
+			t.Errorf("%+v watch deadline = %v, want %v", tt.o, got, tt.watch)
+		}
 	}
 }
