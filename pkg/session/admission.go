@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -23,6 +24,20 @@ type Slots struct {
 type Slot struct {
 	Mode string    `json:"mode"`
 	At   time.Time `json:"at"`
+}
+
+// UnmarshalJSON also reads the first ledger format, where a slot was just
+// the session's mode; such a slot has no admission time, so it is
+// reclaimed at once if its record is gone. A store written by an older
+// runner then keeps working instead of failing every creation.
+func (s *Slot) UnmarshalJSON(b []byte) error {
+	var mode string
+	if json.Unmarshal(b, &mode) == nil {
+		*s = Slot{Mode: mode}
+		return nil
+	}
+	type plain Slot
+	return json.Unmarshal(b, (*plain)(s))
 }
 
 // orphanGrace is how long a slot may exist without its record (the record
