@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"slices"
@@ -39,20 +40,26 @@ const (
 )
 
 type kubeCluster struct {
-	env   *kubetest.Env
-	admin kubernetes.Interface
-	vars  map[string]string
+	env       *kubetest.Env
+	admin     kubernetes.Interface
+	vars      map[string]string
+	agentPort int
 }
 
 func startKube(t *testing.T) *kubeCluster {
 	t.Helper()
 	env := kubetest.Start(t, kubetest.Options{})
-	env.StartKubelet(t, kubetest.KubeletOptions{Images: map[string]string{"telorun/node": devkernel, "telorunner/workspace-server": workspaceServer}})
+	// The catalog agent is a workspace-server on the catalog's port: a
+	// program that serves the shared workspace, as an agent works on it.
+	env.StartKubelet(t, kubetest.KubeletOptions{Images: map[string]string{
+		"telorun/node": devkernel, "telorunner/workspace-server": workspaceServer, "telorunner/agent": workspaceServer}})
 	admin, err := kubernetes.NewForConfig(env.Admin)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &kubeCluster{env: env, admin: admin, vars: map[string]string{
+	agentPort := freePort(t)
+	return &kubeCluster{env: env, admin: admin, agentPort: agentPort, vars: map[string]string{
+		"RUNNER_APPS":                 fmt.Sprintf(`{"helper":{"image":"telorunner/agent:e2e","env":{"OPERATOR_KEY":"op-k3y","PORT":"%d"},"port":%d}}`, agentPort, agentPort),
 		"RUNNER_BACKEND":              "kubernetes",
 		"KUBECONFIG":                  env.KubeconfigPath(env.Driver),
 		"RUNNER_SESSION_NAMESPACE":    env.Namespace,
@@ -167,6 +174,7 @@ func TestKubernetesBackend(t *testing.T) {
 	t.Run("RunSession", func(t *testing.T) { kubeRunSession(t, k, r) })
 	t.Run("WatchTwoApps", func(t *testing.T) { kubeWatchTwoApps(t, k, r) })
 	t.Run("WatchIOModes", func(t *testing.T) { kubeWatchIOModes(t, k, r) })
+	t.Run("AgentCredentialBoundary", func(t *testing.T) { kubeAgent(t, k, r) })
 	t.Run("SuspendRestartResume", func(t *testing.T) {
 		r.stop()
 		kubeSuspendRestartResume(t, k, dataDir)
@@ -603,4 +611,84 @@ func checkRunsAsPodUser(t *testing.T, p *corev1.Pod) {
 			t.Errorf("container %s gid %v groups %v, want 1000 and the fsGroup 1000", cs.Name, gid, fields["Groups"])
 		}
 	}
+}
+
+// The co-resident agent in its own container: its endpoint is routed with
+// a host, it works on the shared workspace, an app may not take its port,
+// and the credential boundary holds in the processes' real environments
+// (operator env on the agent only, session env on the apps only, neither
+// on the workspace server).
+func kubeAgent(t *testing.T, k *kubeCluster, r *runner) {
+	files := map[string]string{"telo.yaml": manifest("creds", nil, nil)}
+	c := r.create(t, watchBody(files, []app{{Name: "app", Entry: "telo.yaml"}}, "helper"))
+	id := c.SessionID
+	sse := openSSE(t, r.URL+c.StreamURL, nil)
+	evs := sse.until(t, 90*time.Second, isStatus("running"))
+	st := decode(t, evs[len(evs)-1].Data)["status"].(map[string]any)
+	host := kubeHost(k.agentPort, id)
+	if ag, _ := st["agent"].(map[string]any); ag == nil || ag["port"].(float64) != float64(k.agentPort) || ag["host"] != host || ag["url"] != "https://"+host {
+		t.Fatalf("running.agent = %v, want %s", st["agent"], host)
+	}
+	if ports, hosts := k.routing(t, id); !slices.Equal(ports, []string{fmt.Sprintf("tcp-%d", k.agentPort)}) || !slices.Equal(hosts, []string{host}) {
+		t.Fatalf("routing = %v %v, want the agent's port", ports, hosts)
+	}
+	pod := k.pod(t, id)
+	var tree struct{ Files []struct{ Path string } }
+	testkit.Eventually(t, 30*time.Second, func() bool {
+		resp := do(t, "GET", fmt.Sprintf("http://%s:%d/workspace", pod.Status.PodIP, k.agentPort), nil, nil)
+		return resp.Status == 200 && json.Unmarshal(resp.Body, &tree) == nil && len(tree.Files) > 0
+	}, "the agent serving the shared workspace on its port")
+	if !slices.ContainsFunc(tree.Files, func(f struct{ Path string }) bool { return f.Path == "telo.yaml" }) {
+		t.Errorf("the agent's view of the workspace = %+v, want telo.yaml", tree.Files)
+	}
+
+	// The processes' environments.
+	names := map[string]bool{}
+	for _, cs := range pod.Status.ContainerStatuses {
+		names[cs.Name] = true
+		env := procEnv(t, cs)
+		has := func(kv string) bool { return slices.Contains(env, kv) }
+		hasKey := func(key string) bool {
+			return slices.ContainsFunc(env, func(e string) bool { return strings.HasPrefix(e, key+"=") })
+		}
+		switch cs.Name {
+		case "agent":
+			if !has("OPERATOR_KEY=op-k3y") || !has("WORKSPACE_DIR=/workspace") || hasKey("SESSION_SECRET") {
+				t.Errorf("agent env = %v: want the operator env and WORKSPACE_DIR, no session env", env)
+			}
+		case "app-app":
+			if !has("SESSION_SECRET=s3cr3t") || hasKey("OPERATOR_KEY") || hasKey("TELO_CACHE_DIR") {
+				t.Errorf("app env = %v: want the session env only", env)
+			}
+		case "workspace":
+			if hasKey("SESSION_SECRET") || hasKey("OPERATOR_KEY") {
+				t.Errorf("workspace env = %v: want no credentials", env)
+			}
+		}
+	}
+	if !names["agent"] || !names["app-app"] || !names["workspace"] {
+		t.Fatalf("containers = %v", names)
+	}
+
+	// An app declaring the agent's port is refused it.
+	writeFiles(t, r, id, map[string]string{"telo.yaml": manifest("creds", []int{k.agentPort}, nil)})
+	evs = sse.until(t, 30*time.Second, func(e sseEvent) bool { return e.Event == "endpoints" })
+	ep := decode(t, evs[len(evs)-1].Data)
+	if rej, _ := ep["rejected"].([]any); len(rej) != 1 || !strings.Contains(rej[0].(map[string]any)["reason"].(string), "agent") || ep["added"] != nil {
+		t.Fatalf("endpoints = %v, want the agent's port rejected", ep)
+	}
+	do(t, "DELETE", r.URL+"/v1/sessions/"+id, nil, nil)
+	sse.until(t, 30*time.Second, isStatus("stopped"))
+	k.gone(t, id)
+}
+
+// procEnv is a running container's process environment (the stand-in
+// kubelet's container ids are standin://<pid>).
+func procEnv(t *testing.T, cs corev1.ContainerStatus) []string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strings.TrimPrefix(cs.ContainerID, "standin://") + "/environ")
+	if err != nil {
+		t.Fatalf("container %s (%s): %v", cs.Name, cs.ContainerID, err)
+	}
+	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
 }
