@@ -5,6 +5,8 @@ import (
 	"iter"
 	"maps"
 	"slices"
+
+	"github.com/telorunner/telorunner/pkg/parallel"
 )
 
 // RestoreFile is one file of a manifest with its bytes.
@@ -43,7 +45,7 @@ func (s *Store) Files(ctx context.Context, m Manifest) iter.Seq2[RestoreFile, er
 				}
 			}
 			fetched := make([][]byte, len(hashes))
-			err := parallel(ctx, len(hashes), s.opts.Concurrency, func(ctx context.Context, i int) error {
+			err := parallel.Do(ctx, len(hashes), s.opts.Concurrency, func(ctx context.Context, i int) error {
 				var err error
 				fetched[i], err = s.blob(ctx, hashes[i])
 				return err

@@ -10,6 +10,7 @@ import (
 
 	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/pkg/parallel"
 )
 
 // File is one regular file of a workspace tree.
@@ -154,7 +155,7 @@ func (s *Store) Take(ctx context.Context, sessionID string, ws Workspace) (Manif
 
 	sizes := make([]int64, len(missing))
 	uploaded := make([]bool, len(missing))
-	err = parallel(ctx, len(missing), s.opts.Concurrency, func(ctx context.Context, i int) error {
+	err = parallel.Do(ctx, len(missing), s.opts.Concurrency, func(ctx context.Context, i int) error {
 		var err error
 		sizes[i], uploaded[i], err = s.ensureBlob(ctx, ws, missing[i])
 		return err

@@ -11,9 +11,10 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/telorunner/telorunner/pkg/parallel"
 )
 
 // entry is one regular file found by a walk.
@@ -119,7 +120,7 @@ func (s *Server) tree(ctx context.Context) ([]treeFile, error) {
 	}
 	s.hashes.mu.Unlock()
 
-	err = parallel(ctx, len(misses), readConcurrency, func(_ context.Context, k int) error {
+	err = parallel.Do(ctx, len(misses), readConcurrency, func(_ context.Context, k int) error {
 		i := misses[k]
 		h, st, err := s.hashFile(entries[i].path)
 		if s.concurrentChange(err) {
@@ -184,7 +185,7 @@ func (s *Server) snapshot(ctx context.Context) ([]snapshotFile, error) {
 		return nil, err
 	}
 	files := make([]snapshotFile, len(entries))
-	err = parallel(ctx, len(entries), readConcurrency, func(_ context.Context, i int) error {
+	err = parallel.Do(ctx, len(entries), readConcurrency, func(_ context.Context, i int) error {
 		data, _, err := s.readRegular(entries[i].path)
 		if s.concurrentChange(err) {
 			return nil
@@ -291,30 +292,4 @@ func (c *hashCache) indexLocked(files []treeFile) {
 		}
 	}
 	c.byHash = byHash
-}
-
-// parallel calls fn for every i in [0, n) on at most workers goroutines,
-// waits for all of them, and returns the first error (or ctx's). After a
-// failure no new calls start.
-func parallel(ctx context.Context, n, workers int, fn func(ctx context.Context, i int) error) error {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range min(n, workers) {
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				i := int(next.Add(1) - 1)
-				if i >= n {
-					return
-				}
-				if err := fn(ctx, i); err != nil {
-					cancel(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	return context.Cause(ctx)
 }
