@@ -7,9 +7,9 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-)
 
-func ptr[T any](v T) *T { return &v }
+	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/testutil"
+)
 
 func pod(psc *v1.PodSecurityContext, csc *v1.SecurityContext) (*v1.Pod, *v1.Container) {
 	p := &v1.Pod{
@@ -27,25 +27,25 @@ func TestResolve(t *testing.T) {
 	}{
 		"nothing set: root": {want: Identity{}},
 		"pod level": {
-			psc:  &v1.PodSecurityContext{RunAsUser: ptr[int64](1000), RunAsGroup: ptr[int64](1000), FSGroup: ptr[int64](2000)},
+			psc:  &v1.PodSecurityContext{RunAsUser: testutil.Ptr[int64](1000), RunAsGroup: testutil.Ptr[int64](1000), FSGroup: testutil.Ptr[int64](2000)},
 			want: Identity{UID: 1000, GID: 1000, Groups: []uint32{2000}},
 		},
 		"container overrides pod": {
-			psc:  &v1.PodSecurityContext{RunAsUser: ptr[int64](1000), RunAsGroup: ptr[int64](1000)},
-			csc:  &v1.SecurityContext{RunAsUser: ptr[int64](1001), RunAsGroup: ptr[int64](1002)},
+			psc:  &v1.PodSecurityContext{RunAsUser: testutil.Ptr[int64](1000), RunAsGroup: testutil.Ptr[int64](1000)},
+			csc:  &v1.SecurityContext{RunAsUser: testutil.Ptr[int64](1001), RunAsGroup: testutil.Ptr[int64](1002)},
 			want: Identity{UID: 1001, GID: 1002},
 		},
 		"container user, pod group": {
-			psc:  &v1.PodSecurityContext{RunAsGroup: ptr[int64](1000)},
-			csc:  &v1.SecurityContext{RunAsUser: ptr[int64](1001)},
+			psc:  &v1.PodSecurityContext{RunAsGroup: testutil.Ptr[int64](1000)},
+			csc:  &v1.SecurityContext{RunAsUser: testutil.Ptr[int64](1001)},
 			want: Identity{UID: 1001, GID: 1000},
 		},
 		"user without group: gid 0": {
-			psc:  &v1.PodSecurityContext{RunAsUser: ptr[int64](1000)},
+			psc:  &v1.PodSecurityContext{RunAsUser: testutil.Ptr[int64](1000)},
 			want: Identity{UID: 1000},
 		},
 		"fsGroup first, then supplementalGroups, once each": {
-			psc:  &v1.PodSecurityContext{FSGroup: ptr[int64](2000), SupplementalGroups: []int64{3000, 2000, 4000}},
+			psc:  &v1.PodSecurityContext{FSGroup: testutil.Ptr[int64](2000), SupplementalGroups: []int64{3000, 2000, 4000}},
 			want: Identity{Groups: []uint32{2000, 3000, 4000}},
 		},
 	} {
@@ -64,25 +64,25 @@ func TestVerifyRunAsNonRoot(t *testing.T) {
 		csc     *v1.SecurityContext
 		wantErr string
 	}{
-		"not asked":      {psc: &v1.PodSecurityContext{RunAsUser: ptr[int64](0)}},
-		"pod, no user":   {psc: &v1.PodSecurityContext{RunAsNonRoot: ptr(true)}, wantErr: `container has runAsNonRoot and image will run as root (pod: "p_ns(u-1)", container: c)`},
-		"pod, user 1000": {psc: &v1.PodSecurityContext{RunAsNonRoot: ptr(true), RunAsUser: ptr[int64](1000)}},
+		"not asked":      {psc: &v1.PodSecurityContext{RunAsUser: testutil.Ptr[int64](0)}},
+		"pod, no user":   {psc: &v1.PodSecurityContext{RunAsNonRoot: testutil.Ptr(true)}, wantErr: `container has runAsNonRoot and image will run as root (pod: "p_ns(u-1)", container: c)`},
+		"pod, user 1000": {psc: &v1.PodSecurityContext{RunAsNonRoot: testutil.Ptr(true), RunAsUser: testutil.Ptr[int64](1000)}},
 		"container user 0 under a non-root pod": {
-			psc:     &v1.PodSecurityContext{RunAsNonRoot: ptr(true), RunAsUser: ptr[int64](1000)},
-			csc:     &v1.SecurityContext{RunAsUser: ptr[int64](0)},
+			psc:     &v1.PodSecurityContext{RunAsNonRoot: testutil.Ptr(true), RunAsUser: testutil.Ptr[int64](1000)},
+			csc:     &v1.SecurityContext{RunAsUser: testutil.Ptr[int64](0)},
 			wantErr: `container's runAsUser breaks non-root policy (pod: "p_ns(u-1)", container: c)`,
 		},
 		"container asks, pod user 1000": {
-			psc: &v1.PodSecurityContext{RunAsUser: ptr[int64](1000)},
-			csc: &v1.SecurityContext{RunAsNonRoot: ptr(true)},
+			psc: &v1.PodSecurityContext{RunAsUser: testutil.Ptr[int64](1000)},
+			csc: &v1.SecurityContext{RunAsNonRoot: testutil.Ptr(true)},
 		},
 		"container asks, no user": {
-			csc:     &v1.SecurityContext{RunAsNonRoot: ptr(true)},
+			csc:     &v1.SecurityContext{RunAsNonRoot: testutil.Ptr(true)},
 			wantErr: "image will run as root",
 		},
 		"container lifts the pod's demand": {
-			psc: &v1.PodSecurityContext{RunAsNonRoot: ptr(true)},
-			csc: &v1.SecurityContext{RunAsNonRoot: ptr(false)},
+			psc: &v1.PodSecurityContext{RunAsNonRoot: testutil.Ptr(true)},
+			csc: &v1.SecurityContext{RunAsNonRoot: testutil.Ptr(false)},
 		},
 	} {
 		t.Run(name, func(t *testing.T) {

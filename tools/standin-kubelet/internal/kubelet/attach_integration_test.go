@@ -1,7 +1,6 @@
 package kubelet
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"strings"
@@ -13,6 +12,8 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/remotecommand"
+
+	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/testutil"
 )
 
 func (e *env) attachURL(pod, container string, tty bool) *rest.Request {
@@ -21,22 +22,7 @@ func (e *env) attachURL(pod, container string, tty bool) *rest.Request {
 }
 
 // syncBuffer is written by the executor and polled by the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = testutil.SyncBuffer
 
 // attach opens a WebSocket attach (the client the runner uses) and returns
 // its stdin and a channel with the stream's result.

@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/testutil"
 )
 
 // envKubeBin names the directory holding kube-apiserver and etcd.
@@ -146,25 +148,23 @@ func (cp *controlPlane) waitReady(t *testing.T, timeout time.Duration) {
 	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	defer client.CloseIdleConnections()
-	deadline := time.Now().Add(timeout)
 	var last string
-	for time.Now().Before(deadline) {
+	ready := testutil.Poll(timeout, 100*time.Millisecond, func() bool {
 		req, _ := http.NewRequest(http.MethodGet, cp.URL+"/readyz", nil)
 		req.Header.Set("Authorization", "Bearer "+cp.Token)
 		resp, err := client.Do(req)
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-			last = fmt.Sprintf("%d %s", resp.StatusCode, tail(string(b), 5))
-		} else {
+		if err != nil {
 			last = err.Error()
+			return false
 		}
-		time.Sleep(100 * time.Millisecond)
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		last = fmt.Sprintf("%d %s", resp.StatusCode, tail(string(b), 5))
+		return resp.StatusCode == http.StatusOK
+	})
+	if !ready {
+		t.Fatalf("kube-apiserver not ready after %v: %s", timeout, last)
 	}
-	t.Fatalf("kube-apiserver not ready after %v: %s", timeout, last)
 }
 
 // waitLine reads r until a line equals want; the rest of r is drained in

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/testutil"
 )
 
 // privateImage maps to privateProgram, which sits where the tests build
@@ -32,24 +34,6 @@ func privateProgram(t *testing.T) string {
 	}
 	return p
 }
-
-// reachableDir is a fresh directory every user can search (t.TempDir's
-// parent is 0700): it stands for container paths such as /workspace,
-// which the containers' users must reach by path.
-func reachableDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "standin-reachable-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
-
-func ptr[T any](v T) *T { return &v }
 
 // credentials returns the Uid, Gid and Groups lines of a process's
 // /proc/<pid>/status, fields separated by single spaces.
@@ -94,12 +78,12 @@ func (e *env) testIdentity(t *testing.T) {
 	ctx := ctxFor(t, time.Minute)
 	pod := shellPod("identity", "exec sleep 60")
 	pod.Spec.SecurityContext = &v1.PodSecurityContext{
-		RunAsUser: ptr[int64](1000), RunAsGroup: ptr[int64](1000),
-		FSGroup: ptr[int64](2000), SupplementalGroups: []int64{3000},
+		RunAsUser: testutil.Ptr[int64](1000), RunAsGroup: testutil.Ptr[int64](1000),
+		FSGroup: testutil.Ptr[int64](2000), SupplementalGroups: []int64{3000},
 	}
 	override := pod.Spec.Containers[0]
 	override.Name = "override"
-	override.SecurityContext = &v1.SecurityContext{RunAsUser: ptr[int64](1001), RunAsGroup: ptr[int64](1002)}
+	override.SecurityContext = &v1.SecurityContext{RunAsUser: testutil.Ptr[int64](1001), RunAsGroup: testutil.Ptr[int64](1002)}
 	pod.Spec.Containers = append(pod.Spec.Containers, override)
 	e.create(ctx, pod)
 	got, _ := e.watchPod(ctx, t, "identity", 30*time.Second, allRunning)
@@ -126,13 +110,13 @@ func (e *env) testIdentity(t *testing.T) {
 // directory of the same volume.
 func (e *env) testSharedEmptyDir(t *testing.T) {
 	ctx := ctxFor(t, time.Minute)
-	base := reachableDir(t)
+	base := testutil.ReachableDir(t)
 	shared, own := filepath.Join(base, "shared"), filepath.Join(base, "own")
 	pod := shellPod("shared", "")
 	writer := &pod.Spec.Containers[0]
 	writer.Name = "writer"
 	writer.Args = []string{`umask 0002; echo one > ` + shared + `/f.tmp && mv ` + shared + `/f.tmp ` + shared + `/f`}
-	writer.SecurityContext = &v1.SecurityContext{RunAsUser: ptr[int64](1001), RunAsGroup: ptr[int64](1001)}
+	writer.SecurityContext = &v1.SecurityContext{RunAsUser: testutil.Ptr[int64](1001), RunAsGroup: testutil.Ptr[int64](1001)}
 	writer.VolumeMounts = []v1.VolumeMount{{Name: "data", MountPath: shared}}
 	reader := v1.Container{
 		Name: "reader", Image: "busybox:stable", Command: []string{"sh", "-c"},
@@ -141,14 +125,14 @@ while [ ! -f ` + shared + `/f ]; do sleep 0.05; done
 test "$(cat ` + shared + `/f)" = one
 echo two >> ` + shared + `/f
 echo mine > ` + own + `/g`},
-		SecurityContext: &v1.SecurityContext{RunAsUser: ptr[int64](1002), RunAsGroup: ptr[int64](1002)},
+		SecurityContext: &v1.SecurityContext{RunAsUser: testutil.Ptr[int64](1002), RunAsGroup: testutil.Ptr[int64](1002)},
 		VolumeMounts: []v1.VolumeMount{
 			{Name: "data", MountPath: shared},
 			{Name: "data", MountPath: own, SubPath: "reader"},
 		},
 	}
 	pod.Spec.Containers = append(pod.Spec.Containers, reader)
-	pod.Spec.SecurityContext = &v1.PodSecurityContext{FSGroup: ptr[int64](2000)}
+	pod.Spec.SecurityContext = &v1.PodSecurityContext{FSGroup: testutil.Ptr[int64](2000)}
 	pod.Spec.Volumes = []v1.Volume{{Name: "data", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}}}
 	created := e.create(ctx, pod)
 	done, _ := e.watchPod(ctx, t, "shared", 30*time.Second, phaseIs(v1.PodSucceeded, v1.PodFailed))
@@ -187,7 +171,7 @@ echo mine > ` + own + `/g`},
 func (e *env) testRunAsNonRoot(t *testing.T) {
 	ctx := ctxFor(t, time.Minute)
 	pod := shellPod("non-root", "exit 0")
-	pod.Spec.SecurityContext = &v1.PodSecurityContext{RunAsNonRoot: ptr(true)}
+	pod.Spec.SecurityContext = &v1.PodSecurityContext{RunAsNonRoot: testutil.Ptr(true)}
 	created := e.create(ctx, pod)
 	got, _ := e.watchPod(ctx, t, "non-root", 30*time.Second, func(p *v1.Pod) bool {
 		cs := p.Status.ContainerStatuses
@@ -209,7 +193,7 @@ func (e *env) testRunAsNonRoot(t *testing.T) {
 // so with a volume mounted. The program exits 7 unless it runs as 1000.
 func (e *env) testPrivateProgram(t *testing.T) {
 	ctx := ctxFor(t, time.Minute)
-	ws := filepath.Join(reachableDir(t), "work")
+	ws := filepath.Join(testutil.ReachableDir(t), "work")
 	pod := shellPod("private-program", "")
 	pod.Spec.Containers = []v1.Container{
 		{Name: "entrypoint", Image: privateImage + ":1"},
@@ -219,7 +203,7 @@ func (e *env) testPrivateProgram(t *testing.T) {
 			WorkingDir: ws, VolumeMounts: []v1.VolumeMount{{Name: "work", MountPath: ws}},
 		},
 	}
-	pod.Spec.SecurityContext = &v1.PodSecurityContext{RunAsNonRoot: ptr(true), RunAsUser: ptr[int64](1000), RunAsGroup: ptr[int64](1000), FSGroup: ptr[int64](1000)}
+	pod.Spec.SecurityContext = &v1.PodSecurityContext{RunAsNonRoot: testutil.Ptr(true), RunAsUser: testutil.Ptr[int64](1000), RunAsGroup: testutil.Ptr[int64](1000), FSGroup: testutil.Ptr[int64](1000)}
 	pod.Spec.Volumes = []v1.Volume{{Name: "work", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}}}
 	e.create(ctx, pod)
 	done, _ := e.watchPod(ctx, t, "private-program", 30*time.Second, phaseIs(v1.PodSucceeded, v1.PodFailed))

@@ -25,6 +25,7 @@ import (
 	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/imagemap"
 	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/mountns"
 	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/sandbox"
+	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -168,13 +169,7 @@ func (e *env) checkNode(ctx context.Context, k *Kubelet) {
 
 func waitUntil(t *testing.T, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.Eventually(t, what, timeout, cond)
 }
 
 func shellPod(name, script string) *v1.Pod {
@@ -360,7 +355,7 @@ func markerPod(t *testing.T, name, trap string) (*v1.Pod, string) {
 
 func waitFile(t *testing.T, path string) {
 	t.Helper()
-	waitUntil(t, path, 20*time.Second, func() bool { _, err := os.Stat(path); return err == nil })
+	testutil.WaitFile(t, path, 20*time.Second)
 }
 
 func (e *env) testGracefulDelete(t *testing.T) {

@@ -1,7 +1,6 @@
 package proc
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/identity"
 	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/mountns"
+	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -24,23 +24,7 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// syncBuffer is a bytes.Buffer safe for one writer and a polling reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = testutil.SyncBuffer
 
 func sh(t *testing.T, script string, mod func(*Spec)) *Process {
 	t.Helper()
@@ -61,13 +45,7 @@ func sh(t *testing.T, script string, mod func(*Spec)) *Process {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.Eventually(t, what, 10*time.Second, cond)
 }
 
 func TestPipesExitCode(t *testing.T) {

@@ -16,26 +16,8 @@ import (
 
 	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/imagemap"
 	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/podstatus"
+	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/testutil"
 )
-
-func ptr[T any](v T) *T { return &v }
-
-// reachableDir is a fresh directory that every user can search, unlike
-// t.TempDir (whose parent is 0700): it stands for container paths such as
-// /workspace, and for a pod directory in env volume mode, where the
-// program's user must reach it by path.
-func reachableDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "sandbox-reachable-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
 
 // startAs runs pod like start, with identities applied and dir as the pod
 // directory.
@@ -111,20 +93,20 @@ func pidOf(t *testing.T, cs v1.ContainerStatus) int {
 func TestIdentityFromSecurityContext(t *testing.T) {
 	for _, mode := range []VolumeMode{VolumesMount, VolumesEnv} {
 		t.Run(string(mode), func(t *testing.T) {
-			ws := filepath.Join(reachableDir(t), "workspace")
+			ws := filepath.Join(testutil.ReachableDir(t), "workspace")
 			podLevel := shell("pod-level", `test "$HOME" = / || exit 9; exec sleep 30`)
 			override := shell("override", `test "$HOME" = / || exit 9; exec sleep 30`)
-			override.SecurityContext = &v1.SecurityContext{RunAsUser: ptr[int64](1001), RunAsGroup: ptr[int64](1002)}
+			override.SecurityContext = &v1.SecurityContext{RunAsUser: testutil.Ptr[int64](1001), RunAsGroup: testutil.Ptr[int64](1002)}
 			override.VolumeMounts = []v1.VolumeMount{{Name: "scratch", MountPath: ws}}
 			root := shell("root", `test "$HOME" = /root || exit 9; exec sleep 30`)
-			root.SecurityContext = &v1.SecurityContext{RunAsUser: ptr[int64](0)}
+			root.SecurityContext = &v1.SecurityContext{RunAsUser: testutil.Ptr[int64](0)}
 			p := pod(podLevel, override, root)
 			p.Spec.SecurityContext = &v1.PodSecurityContext{
-				RunAsUser: ptr[int64](1000), RunAsGroup: ptr[int64](1000),
-				FSGroup: ptr[int64](2000), SupplementalGroups: []int64{3000},
+				RunAsUser: testutil.Ptr[int64](1000), RunAsGroup: testutil.Ptr[int64](1000),
+				FSGroup: testutil.Ptr[int64](2000), SupplementalGroups: []int64{3000},
 			}
 			p.Spec.Volumes = []v1.Volume{{Name: "scratch", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}}}
-			h := startAs(t, p, mode, objects{}, reachableDir(t))
+			h := startAs(t, p, mode, objects{}, testutil.ReachableDir(t))
 			st := h.wait("every container running", func(st v1.PodStatus) bool {
 				for _, cs := range st.ContainerStatuses {
 					if cs.State.Running == nil {
@@ -153,13 +135,13 @@ func TestIdentityFromSecurityContext(t *testing.T) {
 func TestRunAsNonRoot(t *testing.T) {
 	implicit := shell("implicit-root", "exit 0")
 	explicit := shell("explicit-root", "exit 0")
-	explicit.SecurityContext = &v1.SecurityContext{RunAsUser: ptr[int64](0)}
+	explicit.SecurityContext = &v1.SecurityContext{RunAsUser: testutil.Ptr[int64](0)}
 	lifted := shell("lifted", "exit 0")
-	lifted.SecurityContext = &v1.SecurityContext{RunAsNonRoot: ptr(false)}
+	lifted.SecurityContext = &v1.SecurityContext{RunAsNonRoot: testutil.Ptr(false)}
 	nonRoot := shell("non-root", `test "$(id -u)" = 1000`)
-	nonRoot.SecurityContext = &v1.SecurityContext{RunAsUser: ptr[int64](1000)}
+	nonRoot.SecurityContext = &v1.SecurityContext{RunAsUser: testutil.Ptr[int64](1000)}
 	p := pod(implicit, explicit, lifted, nonRoot)
-	p.Spec.SecurityContext = &v1.PodSecurityContext{RunAsNonRoot: ptr(true)}
+	p.Spec.SecurityContext = &v1.PodSecurityContext{RunAsNonRoot: testutil.Ptr(true)}
 	h := startAs(t, p, VolumesMount, objects{}, t.TempDir())
 	refused := func(cs v1.ContainerStatus) bool {
 		return cs.State.Waiting != nil && cs.State.Waiting.Reason == podstatus.ReasonConfigError
@@ -171,12 +153,18 @@ func TestRunAsNonRoot(t *testing.T) {
 		cs := st.ContainerStatuses
 		return refused(cs[0]) && refused(cs[1]) && exited0(cs[2]) && exited0(cs[3])
 	})
-	time.Sleep(5 * retryInterval) // a retry would show as a restart or a start
-	st := podstatus.Compute(h.sb.Pod(), h.sb.Snapshot(), time.Now())
-	cs := st.ContainerStatuses
-	if !refused(cs[0]) || !refused(cs[1]) || cs[0].RestartCount != 0 || cs[1].RestartCount != 0 {
-		t.Fatalf("refused containers changed: %+v", cs[:2])
+	// A retry would show as a restart or a start: watch for one over
+	// several retry intervals.
+	var st v1.PodStatus
+	changed := func() bool {
+		st = podstatus.Compute(h.sb.Pod(), h.sb.Snapshot(), time.Now())
+		cs := st.ContainerStatuses
+		return !refused(cs[0]) || !refused(cs[1]) || cs[0].RestartCount != 0 || cs[1].RestartCount != 0
 	}
+	if testutil.Poll(5*retryInterval, 10*time.Millisecond, changed) {
+		t.Fatalf("refused containers changed: %+v", st.ContainerStatuses[:2])
+	}
+	cs := st.ContainerStatuses
 	if st.Phase != v1.PodPending {
 		t.Errorf("phase = %s, want Pending", st.Phase)
 	}
@@ -195,8 +183,8 @@ func TestRunAsNonRoot(t *testing.T) {
 func TestRunAsNonRootNeedsIdentities(t *testing.T) {
 	c := shell("a", `test "$(id -u)" = 0`)
 	p := pod(c)
-	p.Spec.SecurityContext = &v1.PodSecurityContext{RunAsNonRoot: ptr(true), RunAsUser: ptr[int64](1000)}
-	p.Spec.Containers[0].SecurityContext = &v1.SecurityContext{RunAsUser: ptr[int64](0)}
+	p.Spec.SecurityContext = &v1.PodSecurityContext{RunAsNonRoot: testutil.Ptr(true), RunAsUser: testutil.Ptr[int64](1000)}
+	p.Spec.Containers[0].SecurityContext = &v1.SecurityContext{RunAsUser: testutil.Ptr[int64](0)}
 	h := start(t, p, VolumesMount, objects{})
 	if st := h.waitDone(); st.Phase != v1.PodSucceeded {
 		t.Fatalf("phase = %s (%+v), want Succeeded as the caller", st.Phase, st.ContainerStatuses)
@@ -221,7 +209,7 @@ func fileInfo(t *testing.T, path string) (fs.FileMode, uint32, uint32) {
 // readable (a 0400 secret becomes 0440), and what the user creates in a
 // volume belongs to the fsGroup.
 func TestFSGroupVolumes(t *testing.T) {
-	base := reachableDir(t)
+	base := testutil.ReachableDir(t)
 	ws, sub, cfg, sec := filepath.Join(base, "ws"), filepath.Join(base, "sub"), filepath.Join(base, "cfg"), filepath.Join(base, "sec")
 	c := shell("main", `set -e
 test "$(cat `+cfg+`/key)" = v
@@ -230,7 +218,7 @@ test "$(cat `+sec+`/pw)" = s3cret
 echo hi > `+sub+`/file
 mkdir `+ws+`/made
 echo x > `+ws+`/made/f`)
-	c.SecurityContext = &v1.SecurityContext{RunAsUser: ptr[int64](1001)}
+	c.SecurityContext = &v1.SecurityContext{RunAsUser: testutil.Ptr[int64](1001)}
 	c.VolumeMounts = []v1.VolumeMount{
 		{Name: "shared", MountPath: ws},
 		{Name: "shared", MountPath: sub, SubPath: "a/b"},
@@ -238,14 +226,14 @@ echo x > `+ws+`/made/f`)
 		{Name: "sec", MountPath: sec},
 	}
 	p := pod(c)
-	p.Spec.SecurityContext = &v1.PodSecurityContext{RunAsUser: ptr[int64](1000), RunAsGroup: ptr[int64](1000), FSGroup: ptr[int64](2000)}
+	p.Spec.SecurityContext = &v1.PodSecurityContext{RunAsUser: testutil.Ptr[int64](1000), RunAsGroup: testutil.Ptr[int64](1000), FSGroup: testutil.Ptr[int64](2000)}
 	p.Spec.Volumes = []v1.Volume{
 		{Name: "shared", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}},
 		{Name: "cfg", VolumeSource: v1.VolumeSource{ConfigMap: &v1.ConfigMapVolumeSource{
 			LocalObjectReference: v1.LocalObjectReference{Name: "cm"},
 			Items:                []v1.KeyToPath{{Key: "key", Path: "key"}, {Key: "nested", Path: "dir/nested"}},
 		}}},
-		{Name: "sec", VolumeSource: v1.VolumeSource{Secret: &v1.SecretVolumeSource{SecretName: "sec", DefaultMode: ptr[int32](0o400)}}},
+		{Name: "sec", VolumeSource: v1.VolumeSource{Secret: &v1.SecretVolumeSource{SecretName: "sec", DefaultMode: testutil.Ptr[int32](0o400)}}},
 	}
 	objs := objects{
 		configMaps: map[string]*v1.ConfigMap{"cm": {Data: map[string]string{"key": "v", "nested": "n"}}},
@@ -285,12 +273,12 @@ echo x > `+ws+`/made/f`)
 // its subPath directories are root's, 0777, whatever the umask, and a
 // non-root user still writes in them.
 func TestNoFSGroupVolumes(t *testing.T) {
-	base := reachableDir(t)
+	base := testutil.ReachableDir(t)
 	sub := filepath.Join(base, "sub")
 	c := shell("main", `echo hi > `+sub+`/file`)
 	c.VolumeMounts = []v1.VolumeMount{{Name: "shared", MountPath: sub, SubPath: "a"}}
 	p := pod(c)
-	p.Spec.SecurityContext = &v1.PodSecurityContext{RunAsUser: ptr[int64](1000), RunAsGroup: ptr[int64](1000)}
+	p.Spec.SecurityContext = &v1.PodSecurityContext{RunAsUser: testutil.Ptr[int64](1000), RunAsGroup: testutil.Ptr[int64](1000)}
 	p.Spec.Volumes = []v1.Volume{{Name: "shared", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}}}
 	h := startAs(t, p, VolumesMount, objects{}, t.TempDir())
 	if st := h.waitDone(); st.Phase != v1.PodSucceeded {

@@ -19,6 +19,7 @@ import (
 	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/imagemap"
 	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/mountns"
 	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/podstatus"
+	"github.com/telorunner/telorunner/tools/standin-kubelet/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -86,17 +87,14 @@ func start(t *testing.T, pod *v1.Pod, mode VolumeMode, objs objects) *harness {
 // wait polls the computed status until cond holds.
 func (h *harness) wait(what string, cond func(v1.PodStatus) bool) v1.PodStatus {
 	h.t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		st := podstatus.Compute(h.sb.Pod(), h.sb.Snapshot(), time.Now())
-		if cond(st) {
-			return st
-		}
-		if time.Now().After(deadline) {
-			h.t.Fatalf("timed out waiting for %s; status %+v", what, st)
-		}
-		time.Sleep(10 * time.Millisecond)
+	var st v1.PodStatus
+	if !testutil.Poll(15*time.Second, 10*time.Millisecond, func() bool {
+		st = podstatus.Compute(h.sb.Pod(), h.sb.Snapshot(), time.Now())
+		return cond(st)
+	}) {
+		h.t.Fatalf("timed out waiting for %s; status %+v", what, st)
 	}
+	return st
 }
 
 func (h *harness) waitDone() v1.PodStatus {
@@ -352,16 +350,7 @@ func trapping(t *testing.T, name, action string) (v1.Container, string) {
 
 func waitFile(t *testing.T, path string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := os.Stat(path); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", path)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.WaitFile(t, path, 10*time.Second)
 }
 
 func TestGracefulStop(t *testing.T) {
