@@ -15,16 +15,7 @@ import (
 
 func openStore(t *testing.T) *session.Store {
 	t.Helper()
-	s := testkit.StartJetStream(t)
-	_, js := testkit.Connect(t, s)
-	ctx := context.Background()
-	if err := bus.Provision(ctx, js, bus.Limits{}); err != nil {
-		t.Fatal(err)
-	}
-	store, err := session.Open(ctx, js, 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, _, store := testkit.Session(t, bus.Limits{})
 	return store
 }
 

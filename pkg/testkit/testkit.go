@@ -12,6 +12,9 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/session"
 )
 
 // Server is a running in-process JetStream server.
@@ -111,4 +114,21 @@ func Poll(ctx context.Context, timeout time.Duration, cond func() bool) bool {
 			wait *= 2
 		}
 	}
+}
+
+// Session starts JetStream, connects, provisions every stream and bucket
+// with lim and opens the session store (event replay budget 1 MiB): the
+// setup of every test that drives sessions over the bus.
+func Session(t testing.TB, lim bus.Limits) (*nats.Conn, jetstream.JetStream, *session.Store) {
+	t.Helper()
+	nc, js := Connect(t, StartJetStream(t))
+	ctx := context.Background()
+	if err := bus.Provision(ctx, js, lim); err != nil {
+		t.Fatalf("bus.Provision() = %v", err)
+	}
+	store, err := session.Open(ctx, js, 1<<20)
+	if err != nil {
+		t.Fatalf("session.Open() = %v", err)
+	}
+	return nc, js, store
 }

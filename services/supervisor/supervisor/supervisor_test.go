@@ -32,17 +32,8 @@ type env struct {
 
 func newEnv(t *testing.T) env {
 	t.Helper()
-	s := testkit.StartJetStream(t)
-	nc, js := testkit.Connect(t, s)
 	lim := bus.Limits{OwnerTTL: time.Second}
-	ctx := context.Background()
-	if err := bus.Provision(ctx, js, lim); err != nil {
-		t.Fatal(err)
-	}
-	store, err := session.Open(ctx, js, 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, _, store := testkit.Session(t, lim)
 	return env{nc: nc, store: store, lim: lim}
 }
 

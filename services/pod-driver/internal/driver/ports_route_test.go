@@ -69,16 +69,8 @@ type portsEnv struct {
 
 func newPortsEnv(t *testing.T) *portsEnv {
 	t.Helper()
-	s := testkit.StartJetStream(t)
-	_, js := testkit.Connect(t, s)
+	_, _, store := testkit.Session(t, bus.Limits{})
 	ctx := context.Background()
-	if err := bus.Provision(ctx, js, bus.Limits{}); err != nil {
-		t.Fatal(err)
-	}
-	store, err := session.Open(ctx, js, 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
 	rec := session.Record{ID: contract.NewSessionID(), Mode: contract.ModeWatch, Status: contract.Status{Kind: contract.StatusRunning},
 		Apps: []session.App{
 			{Name: "web", Entry: "web/telo.yaml", IO: contract.IOTTY, Ports: []contract.PortMapping{{Port: 3000, Protocol: "tcp"}}},
