@@ -587,6 +587,9 @@ func kubeOrphans(t *testing.T, k *kubeCluster) {
 // unprivileged on the pod's volumes.
 func checkRunsAsPodUser(t *testing.T, p *corev1.Pod) {
 	t.Helper()
+	if len(p.Status.ContainerStatuses) != len(p.Spec.Containers) || len(p.Spec.Containers) == 0 {
+		t.Fatalf("container statuses %d for %d containers", len(p.Status.ContainerStatuses), len(p.Spec.Containers))
+	}
 	for _, cs := range p.Status.ContainerStatuses {
 		if cs.State.Running == nil {
 			t.Errorf("container %s not running: %+v", cs.Name, cs.State)
