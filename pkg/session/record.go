@@ -27,6 +27,11 @@ type Record struct {
 	// Workspace is the base URL of a watch session's live workspace
 	// server ("" while it has none).
 	Workspace string `json:"workspace,omitempty"`
+	// Driver is the identity of the driver that served the workspace last
+	// (set with Workspace). A driver recovering the session after a crash
+	// serves a workspace directory it finds on its machine only when that
+	// driver created it; otherwise the checkpoint is newer.
+	Driver string `json:"driver,omitempty"`
 	// Reloads are the admitted reload/write times of the last 60 s (13.5).
 	Reloads []time.Time `json:"reloads,omitempty"`
 }

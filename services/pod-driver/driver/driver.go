@@ -15,7 +15,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nuid"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/telorunner/telorunner/pkg/bus"
@@ -43,9 +42,13 @@ type Config struct {
 	WorkDir string
 	// ReplayBufferBytes is RUNNER_REPLAY_BUFFER_BYTES.
 	ReplayBufferBytes int64
-	// ID is RUNNER_DRIVER_ID (random when empty).
+	// ID is RUNNER_DRIVER_ID. Empty: a stable identity kept in
+	// RUNNER_WORK_DIR/.drivers (the one of this driver's previous run on
+	// the work directory, else a new one).
 	ID string
-	// OwnerTTL is how long an owner key outlives a dead driver.
+	// OwnerTTL is RUNNER_OWNER_TTL_MS (default 15 s): how long an owner
+	// key outlives a dead driver. It is the owners bucket's TTL, so every
+	// service that provisions the bus must use the same value.
 	OwnerTTL time.Duration
 	// RelayRetry is RUNNER_RELAY_RETRY_MS: the longest pause between
 	// debug-relay connection attempts (0: the contract's 500 ms).
@@ -83,6 +86,13 @@ func LoadConfig(lookup func(string) (string, bool)) (Config, error) {
 		c.ReplayBufferBytes = n
 	}
 	c.ID = get("RUNNER_DRIVER_ID")
+	if v := get("RUNNER_OWNER_TTL_MS"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 300 || n > 600000 {
+			return c, fmt.Errorf("RUNNER_OWNER_TTL_MS: must be an integer from 300 to 600000, got %q", v)
+		}
+		c.OwnerTTL = time.Duration(n) * time.Millisecond
+	}
 	if v := get("RUNNER_RELAY_RETRY_MS"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 10 || n > 60000 {
@@ -172,6 +182,15 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	if err != nil {
 		return fmt.Errorf("RUNNER_WORK_DIR: %w", err)
 	}
+	ident, err := claimIdentity(workDir, cfg.ID)
+	if err != nil {
+		return err
+	}
+	defer ident.release()
+	log = log.With("driver", ident.ID)
+	if len(ident.Dead) > 0 {
+		log.Info("found dead drivers on this work directory", "drivers", ident.Dead)
+	}
 	var be interface {
 		backend.Backend
 		Close(context.Context) error
@@ -193,21 +212,19 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 		}
 		be = kb
 	default:
-		lb, err := local.New(local.Options{KernelCommand: cfg.KernelCommand, WorkspaceServerCommand: cfg.WorkspaceServerCommand, WorkRoot: workDir, RelayRetry: cfg.RelayRetry, Logger: log})
+		lb, err := local.New(local.Options{KernelCommand: cfg.KernelCommand, WorkspaceServerCommand: cfg.WorkspaceServerCommand, WorkRoot: workDir, RelayRetry: cfg.RelayRetry, Logger: log, Owner: ident.ID})
 		if err != nil {
 			return fmt.Errorf("local backend: %w", err)
 		}
+		reapLocalOrphans(ctx, lb, store, ident, log)
 		be = lb
 	}
 	cps, err := checkpoint.NewStore(ctx, js, checkpoint.Options{})
 	if err != nil {
 		return err
 	}
-	id := cfg.ID
-	if id == "" {
-		id = "driver-" + nuid.Next()
-	}
-	drv := idriver.New(idriver.Options{ID: id, NC: d.NC, Store: store, Backend: be, Logger: log, OwnerTTL: bus.Limits.Defaults(lim).OwnerTTL, Registry: d.Registry, Checkpoints: cps})
+	drv := idriver.New(idriver.Options{ID: ident.ID, NC: d.NC, Store: store, Backend: be, Logger: log, OwnerTTL: lim.Defaults().OwnerTTL,
+		Registry: d.Registry, Checkpoints: cps, Predecessors: append([]string{ident.ID}, ident.Dead...)})
 	err = drv.Run(ctx)
 	closeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -106,7 +106,8 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 		url = ns.ClientURL()
 		log.Info("embedded nats with jetstream", "url", url, "store", filepath.Join(cfg.DataDir, "nats"))
 	}
-	lim := bus.Limits{Replicas: cfg.Replicas, ReplayBytes: cfg.Edge.ReplayBufferBytes}
+	// One owner TTL for every service: it is the owners bucket's TTL.
+	lim := bus.Limits{Replicas: cfg.Replicas, ReplayBytes: cfg.Edge.ReplayBufferBytes, OwnerTTL: cfg.Driver.OwnerTTL}
 	conns := map[string]*nats.Conn{}
 	for _, name := range []string{"api-edge", "pod-driver", "supervisor", "workspace-proxy"} {
 		nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1))

@@ -30,6 +30,11 @@ type Spec struct {
 	// Agent is the co-resident agent of a watch session (nil when none).
 	// It gets the operator env only; apps never see it.
 	Agent *Agent
+	// KeepWorkspace (local backend, watch sessions) serves the workspace
+	// directory a workload lost with its driver left on this machine, as
+	// it is, instead of seeding Bundle (crash recovery; see the local
+	// backend's WorkspaceIntact).
+	KeepWorkspace bool
 }
 
 // Agent is a resolved operator catalog entry run beside a watch session's

@@ -33,6 +33,11 @@ type Options struct {
 	Registry prometheus.Registerer
 	// Checkpoints restores watch sessions (resume, app-set change).
 	Checkpoints *checkpoint.Store
+	// Predecessors are driver identities whose owner keys this driver
+	// takes over when it starts, without waiting for them to expire: its
+	// own identity in a previous run and drivers that died on this machine
+	// (their sessions are recovered as adoptions).
+	Predecessors []string
 }
 
 // Driver runs sessions it owns.
@@ -65,6 +70,9 @@ func (d *Driver) Run(ctx context.Context) error {
 	// in order after the consumer is closed.
 	sessCtx, cancelSessions := context.WithCancel(context.Background())
 	defer cancelSessions()
+	if n := d.takeOver(ctx, sessCtx, d.o.Predecessors); n > 0 {
+		d.log.Info("took over the sessions of dead drivers", "sessions", n)
+	}
 	cc, err := cons.Consume(func(m jetstream.Msg) { d.handle(sessCtx, m) },
 		jetstream.PullMaxMessages(16), jetstream.PullHeartbeat(5*time.Second))
 	if err != nil {
@@ -89,7 +97,7 @@ func (d *Driver) handle(ctx context.Context, m jetstream.Msg) {
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
-		d.own(ctx, id, adopt, m)
+		d.own(ctx, command{id: id, adopt: adopt, msg: m})
 	}()
 }
 

@@ -52,56 +52,95 @@ type owned struct {
 	// adopting: the first workload is an existing one to re-attach to
 	// (its driver died), not a new start.
 	adopting bool
+	// recovering: the previous workload was lost with its driver; the
+	// first workload is a new one, recorded as a resume.
+	recovering bool
+	// keepWorkspace: the first workload serves the workspace directory
+	// the lost one left on this machine instead of seeding.
+	keepWorkspace bool
+}
+
+// command is one start or adopt for a session: from the work queue (msg
+// set), or a boot takeover whose owner key is already claimed.
+type command struct {
+	id      string
+	adopt   bool
+	msg     jetstream.Msg // nil for a takeover
+	claimed uint64        // owner key revision of a takeover; 0: claim it
+}
+
+func (c command) ack() {
+	if c.msg != nil {
+		_ = c.msg.Ack()
+	}
+}
+
+func (c command) retry() {
+	if c.msg != nil {
+		_ = c.msg.NakWithDelay(time.Second)
+	}
 }
 
 // own reconciles one command for session id.
-func (d *Driver) own(ctx context.Context, id string, adopt bool, m jetstream.Msg) {
+func (d *Driver) own(ctx context.Context, c command) {
+	id := c.id
 	log := d.log.With("session", id)
 	store := d.o.Store
 	rec, _, err := store.Get(ctx, id)
-	if errors.Is(err, session.ErrNotFound) {
-		_ = m.Ack()
-		return
-	}
-	if err != nil {
+	if err != nil && !errors.Is(err, session.ErrNotFound) {
 		log.Warn("read session", "err", err)
-		_ = m.NakWithDelay(time.Second)
+		c.retry()
 		return
 	}
-	if rec.Status.Terminal() || rec.Status.Kind == contract.StatusSuspended {
-		_ = m.Ack()
+	if errors.Is(err, session.ErrNotFound) || rec.Status.Terminal() || rec.Status.Kind == contract.StatusSuspended {
+		c.ack()
+		if c.claimed != 0 { // a stale key of a session with nothing to run
+			_ = store.Owners.Delete(context.Background(), id, jetstream.LastRevision(c.claimed))
+		}
 		return
 	}
-	rev, ok, err := d.claim(ctx, id)
-	if err != nil {
-		log.Warn("claim session", "err", err)
-		_ = m.NakWithDelay(time.Second)
-		return
+	rev := c.claimed
+	if rev == 0 {
+		var ok bool
+		rev, ok, err = d.claim(ctx, id)
+		if err != nil {
+			log.Warn("claim session", "err", err)
+			c.retry()
+			return
+		}
+		if !ok {
+			c.ack() // another driver owns it
+			return
+		}
 	}
-	if !ok {
-		_ = m.Ack() // another driver owns it
-		return
-	}
-	_ = m.Ack()
+	c.ack()
 	release := func() { _ = store.Owners.Delete(context.Background(), id, jetstream.LastRevision(rev)) }
 	if rec.UserStopped {
+		if rc, ok := d.o.Backend.(recoverer); ok {
+			rc.ReapSession(id)
+		}
 		_, _ = store.SetStatus(ctx, id, contract.Status{Kind: contract.StatusStopped}, nil)
 		release()
 		return
 	}
-	_, canAdopt := d.o.Backend.(adopter)
-	adopting := (adopt || rec.Status.Kind != contract.StatusStarting) && canAdopt && rec.Status.Kind == contract.StatusRunning
-	if (adopt || rec.Status.Kind != contract.StatusStarting) && !adopting {
-		// A local workload whose driver died cannot be re-attached: its
-		// terminal and pipes ended with that process. Say so, never go
-		// silent (ARCHITECTURE §3).
-		_, _ = store.SetStatus(ctx, id, contract.Status{Kind: contract.StatusFailed, Message: "workload lost: the driver that owned it stopped"}, nil)
+	plan := d.plan(rec, c.adopt)
+	if plan == planLost {
+		// Never go silent (ARCHITECTURE §3): say the workload is gone.
+		msg := lostRunMessage
+		if rec.Mode == contract.ModeWatch {
+			msg = "workload lost: the driver that owned it stopped"
+		}
+		_, _ = store.SetStatus(ctx, id, contract.Status{Kind: contract.StatusFailed, Message: msg}, nil)
 		release()
 		return
 	}
 	sctx, cancel := context.WithCancel(ctx)
-	o := &owned{d: d, id: id, rec: rec, log: log, store: store, ctx: sctx, cancel: cancel, adopting: adopting,
+	o := &owned{d: d, id: id, rec: rec, log: log, store: store, ctx: sctx, cancel: cancel, adopting: plan == planAdopt,
 		pumps: map[string]*iopump.Pump{}, events: make(chan contract.Event, 4096), evDone: make(chan struct{})}
+	if rc, ok := d.o.Backend.(recoverer); ok && rec.Mode == contract.ModeWatch {
+		o.keepWorkspace = rc.WorkspaceIntact(id, rec.Driver)
+	}
+	o.recovering = plan == planRecover
 	d.mu.Lock()
 	d.owned[id] = o
 	d.mu.Unlock()
@@ -131,6 +170,17 @@ func (o *owned) run(ownerRev uint64) {
 	svc, err := o.serveCtl()
 	if err != nil {
 		o.log.Error("serve control", "err", err)
+	}
+	if o.recovering {
+		if err := o.recoverStatus(o.ctx); err != nil {
+			o.log.Error("record recovery", "err", err)
+		}
+		from := "its last checkpoint"
+		if o.keepWorkspace {
+			from = "its workspace directory"
+		}
+		o.log.Info("recovering a watch session whose driver died", "from", from)
+		o.Progress(contract.PhaseProvision, "Recovering the session from "+from+" (its driver stopped)", false, "")
 	}
 
 	final := o.lifecycle()
@@ -195,14 +245,20 @@ func (o *owned) lifecycle() *contract.Status {
 // spec builds the launch spec from the record. A watch session with a
 // checkpoint starts from it (resume, app-set change); otherwise from the
 // bundle.
-func (o *owned) spec() (backend.Spec, error) {
+//
+// keep serves the workspace directory a lost workload left (local
+// recovery): no bundle is loaded.
+func (o *owned) spec(keep bool) (backend.Spec, error) {
 	rec := o.record()
-	bundle, err := o.bundle(rec)
-	if err != nil {
-		return backend.Spec{}, err
+	var bundle contract.Bundle
+	if !keep {
+		var err error
+		if bundle, err = o.bundle(rec); err != nil {
+			return backend.Spec{}, err
+		}
 	}
 	spec := backend.Spec{
-		SessionID: o.id, Mode: rec.Mode, Bundle: bundle, Env: rec.Launch.Env,
+		SessionID: o.id, Mode: rec.Mode, Bundle: bundle, KeepWorkspace: keep, Env: rec.Launch.Env,
 		Config: rec.Launch.Config, Inspect: rec.Launch.Inspect, SelfContained: rec.Launch.SelfContained,
 	}
 	for _, a := range rec.Apps {
@@ -245,7 +301,9 @@ func (o *owned) bundle(rec session.Record) (contract.Bundle, error) {
 // runOnce starts one workload and waits for it to end. It returns the
 // status to record, or nil when the session goes on with a new workload.
 func (o *owned) runOnce() *contract.Status {
-	spec, err := o.spec()
+	keep := o.keepWorkspace
+	o.keepWorkspace = false
+	spec, err := o.spec(keep)
 	if err != nil {
 		return &contract.Status{Kind: contract.StatusFailed, Message: "start: " + err.Error()}
 	}

@@ -64,7 +64,7 @@ func (o *owned) Reachability(app string, port int, state string) {
 
 func (o *owned) WorkspaceReady(url string) {
 	if _, err := o.store.Update(context.Background(), o.id, func(r *session.Record) error {
-		r.Workspace = url
+		r.Workspace, r.Driver = url, o.d.o.ID
 		return nil
 	}); err != nil {
 		o.log.Error("record workspace address", "err", err)

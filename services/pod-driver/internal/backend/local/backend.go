@@ -166,6 +166,9 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, sink backend.Sin
 		}
 	}()
 
+	if _, err := b.clearLeftover(spec.SessionID, false); err != nil {
+		return nil, &backend.StartError{Stage: "create", Message: err.Error()}
+	}
 	if w.dir, err = createSessionDir(b.root, spec.SessionID, appDirName); err != nil {
 		return nil, &backend.StartError{Stage: "create", Message: err.Error()}
 	}
@@ -226,6 +229,10 @@ func (b *Backend) startApp(ctx context.Context, spec backend.Spec, app backend.A
 	}
 	p, err := startProc(argv, w.dir.root, env, app, tty, log)
 	if err != nil {
+		return nil, &backend.StartError{Stage: "start", Message: err.Error()}
+	}
+	if err := b.track(spec.SessionID, app.Name, p); err != nil {
+		p.kill()
 		return nil, &backend.StartError{Stage: "start", Message: err.Error()}
 	}
 	p.inspectPort = inspectPort

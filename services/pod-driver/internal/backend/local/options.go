@@ -46,6 +46,9 @@ type Options struct {
 	// WorkspaceReady bounds how long a watch session's start waits for its
 	// workspace server to answer (contract 9.4: 120 s).
 	WorkspaceReady time.Duration
+	// Owner is the identity of the driver using this backend, written into
+	// every process group record (GroupRecord.Driver).
+	Owner string
 }
 
 // Validate reports the first unusable field. Zero durations are allowed

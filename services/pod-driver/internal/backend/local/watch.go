@@ -87,7 +87,8 @@ type watchPlan struct {
 //  1. the session directory with workspace/ and home/;
 //  2. the workspace server, polled until GET /workspace answers, then
 //     sink.WorkspaceReady;
-//  3. one change set seeding the bundle and the workspace marker (9.5);
+//  3. one change set seeding the bundle and the workspace marker (9.5),
+//     unless spec.KeepWorkspace serves the workspace a lost workload left;
 //  4. one kernel per app, each waiting for its entry file;
 //  5. the agent, when the spec has one;
 //  6. sink.Running with every app's declared ports, then the debug relays
@@ -111,7 +112,11 @@ func (b *Backend) startWatch(ctx context.Context, spec backend.Spec, sink backen
 		}
 	}()
 
-	if err := w.createDirs(plan.apps); err != nil {
+	kept, err := b.clearLeftover(spec.SessionID, spec.KeepWorkspace)
+	if err != nil {
+		return nil, &backend.StartError{Stage: "create", Message: err.Error()}
+	}
+	if err := w.createDirs(plan.apps, kept); err != nil {
 		return nil, &backend.StartError{Stage: "create", Message: err.Error()}
 	}
 	if err := w.startWorkspace(); err != nil {
@@ -123,8 +128,10 @@ func (b *Backend) startWatch(ctx context.Context, spec backend.Spec, sink backen
 	}
 	sink.WorkspaceReady(w.wsc.Base)
 	sink.Progress(contract.PhaseBoot, "Starting workspace", true, "")
-	if err := w.wsc.Apply(ctx, plan.seed); err != nil {
-		return nil, &backend.StartError{Stage: "start", Message: "seed workspace: " + err.Error()}
+	if kept == "" {
+		if err := w.wsc.Apply(ctx, plan.seed); err != nil {
+			return nil, &backend.StartError{Stage: "start", Message: "seed workspace: " + err.Error()}
+		}
 	}
 
 	for i, app := range plan.apps {
@@ -232,11 +239,22 @@ func newWatchWorkload(b *Backend, id string, sink backend.Sink, apps []backend.A
 
 // createDirs makes the session directory with workspace/ and one HOME per
 // process under home/: workspace, agent and app-<name> (the per-container
-// scratch of 11.4).
-func (w *WatchWorkload) createDirs(apps []backend.App) error {
+// scratch of 11.4). A kept workspace (recovery) becomes workspace/.
+func (w *WatchWorkload) createDirs(apps []backend.App, kept string) error {
 	var err error
 	if w.dir, err = createSessionDir(w.b.root, w.id, workspaceDirName); err != nil {
 		return err
+	}
+	if err := w.dir.stampDriver(w.b.opts.Owner); err != nil {
+		return err
+	}
+	if kept != "" {
+		if err := os.Remove(w.dir.workspace()); err != nil {
+			return fmt.Errorf("create session directory: %w", err)
+		}
+		if err := os.Rename(kept, w.dir.workspace()); err != nil {
+			return fmt.Errorf("restore kept workspace: %w", err)
+		}
 	}
 	homes := []string{workspaceProcName, agentProcName}
 	for _, app := range apps {
@@ -268,11 +286,16 @@ func (w *WatchWorkload) startWorkspace() error {
 		return fmt.Errorf("start workspace server: %w", err)
 	}
 	_ = p.stdinW.Close() // it reads no stdin: EOF, like a container without stdin
+	if err := w.b.track(w.id, workspaceProcName, p); err != nil {
+		p.kill()
+		return err
+	}
 	w.ws = p
 	w.wsc = kernelwire.WorkspaceClient{Base: "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), HTTP: w.b.wsHTTP}
 	w.members.Go(func() {
 		defer close(w.wsEnded)
 		p.drive(w.stopCh, w.killCh, w.b.opts.StopGrace, logOutput{log}, nil)
+		w.b.untrack(w.id, p)
 	})
 	return nil
 }
@@ -326,6 +349,10 @@ func (w *WatchWorkload) startAgent(argv []string, operator map[string]string) er
 		return fmt.Errorf("start agent: %w", err)
 	}
 	_ = p.stdinW.Close() // no stdin, like the agent container
+	if err := w.b.track(w.id, agentProcName, p); err != nil {
+		p.kill()
+		return err
+	}
 	w.agent = p
 	return nil
 }
@@ -353,6 +380,7 @@ func (w *WatchWorkload) launch() {
 func (w *WatchWorkload) runAgent() {
 	p := w.agent
 	p.drive(w.stopCh, w.killCh, w.b.opts.StopGrace, logOutput{p.log}, nil)
+	w.b.untrack(w.id, p)
 	if !p.wasStopped() {
 		p.log.Warn("agent exited on its own; it is not restarted", "code", p.code)
 		w.logPIDs()
@@ -390,10 +418,12 @@ func (w *WatchWorkload) abort() {
 	for _, a := range w.apps {
 		if a.first != nil {
 			a.first.kill()
+			w.b.untrack(w.id, a.first)
 		}
 	}
 	if w.agent != nil {
 		w.agent.kill()
+		w.b.untrack(w.id, w.agent)
 	}
 	w.members.Wait()
 	w.closeWatchers()

@@ -83,6 +83,10 @@ func (w *WatchWorkload) startAppProc(a *watchApp) (*proc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start app %s: %w", a.app.Name, err)
 	}
+	if err := w.b.track(w.id, appHomeName(a.app.Name), p); err != nil {
+		p.kill()
+		return nil, fmt.Errorf("start app %s: %w", a.app.Name, err)
+	}
 	p.inspectPort = port
 	a.mu.Lock()
 	a.cur = p
@@ -123,6 +127,7 @@ func (w *WatchWorkload) runApp(a *watchApp, p *proc) {
 		began := time.Now()
 		r := w.b.newRelay(a.app.Name, p.inspectPort, w.sink, a.log)
 		p.drive(w.stopCh, w.killCh, w.b.opts.StopGrace, w.sink, r)
+		w.b.untrack(w.id, p)
 		a.setCurrent(nil)
 		if p.wasStopped() {
 			return

@@ -96,6 +96,7 @@ func (w *Workload) runProc(p *proc) {
 		r = w.b.newRelay(p.app.Name, p.inspectPort, w.sink, p.log)
 	}
 	p.drive(w.stopCh, w.killCh, w.b.opts.StopGrace, w.sink, r)
+	w.b.untrack(w.id, p)
 	cancel()
 	watchers.Wait()
 
@@ -140,6 +141,7 @@ func (w *Workload) finish() {
 func (w *Workload) abort() {
 	for _, p := range w.procs {
 		p.kill()
+		w.b.untrack(w.id, p)
 	}
 	if w.dir.root != "" {
 		if err := w.dir.remove(); err != nil {

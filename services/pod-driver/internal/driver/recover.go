@@ -1,0 +1,134 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"slices"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/pkg/session"
+)
+
+// recoverer is a backend whose workloads are processes on this machine
+// (the local backend): a workload lost with its driver cannot be
+// re-attached (its terminal and pipes ended with that process), but what
+// is left of it can be ended and a watch session started again from its
+// workspace directory.
+type recoverer interface {
+	// WorkspaceIntact reports whether the session's workspace directory,
+	// created by lastDriver, is on this machine with a completed seed.
+	WorkspaceIntact(id, lastDriver string) bool
+	// ReapSession ends the process groups a lost workload of the session
+	// left on this machine and reports how many were still running.
+	ReapSession(id string) int
+}
+
+// lostRunMessage is the failed status of a run session whose process was
+// lost with its driver.
+const lostRunMessage = "workload lost: the driver running this session died, and a run session cannot be resumed"
+
+// takeOver claims, at boot, every session whose owner key names one of
+// names — this driver's identity in a previous run, or a driver that died
+// on this machine — without waiting for the key to expire, and recovers
+// it as an adoption. A key is taken with a CAS on its revision, so a
+// driver racing for it (or the key expiring meanwhile) never yields two
+// owners. It returns how many sessions it took.
+func (d *Driver) takeOver(ctx, sessCtx context.Context, names []string) int {
+	if len(names) == 0 {
+		return 0
+	}
+	lister, err := d.o.Store.Owners.ListKeys(ctx)
+	if err != nil {
+		if !errors.Is(err, jetstream.ErrNoKeysFound) {
+			d.log.Warn("list owner keys", "err", err)
+		}
+		return 0
+	}
+	var keys []string
+	for k := range lister.Keys() {
+		keys = append(keys, k)
+	}
+	n := 0
+	for _, id := range keys {
+		if !contract.ValidSessionID(id) {
+			continue // the supervisor's leader key
+		}
+		e, err := d.o.Store.Owners.Get(ctx, id)
+		if err != nil || !slices.Contains(names, string(e.Value())) {
+			continue
+		}
+		rev, err := d.o.Store.Owners.Update(ctx, id, []byte(d.o.ID), e.Revision())
+		if err != nil {
+			d.log.Info("owner key changed before takeover", "session", id, "err", err)
+			continue
+		}
+		d.log.Info("took over a session of a dead driver", "session", id, "previous", string(e.Value()))
+		n++
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			d.own(sessCtx, command{id: id, adopt: true, claimed: rev})
+		}()
+	}
+	return n
+}
+
+// recoverPlan decides what a driver does with a session whose previous
+// workload may have been lost with its driver (adopt, takeover, or a
+// start command for a session that is past starting).
+type recoverPlan int
+
+const (
+	planStart   recoverPlan = iota // start a workload as usual
+	planAdopt                      // re-attach (kubernetes)
+	planRecover                    // watch session: a new workload from the workspace dir or checkpoint
+	planLost                       // record failed: the workload cannot be brought back
+)
+
+func (d *Driver) plan(rec session.Record, adopt bool) recoverPlan {
+	lost := adopt || rec.Status.Kind != contract.StatusStarting
+	if !lost {
+		return planStart
+	}
+	if _, ok := d.o.Backend.(adopter); ok && rec.Status.Kind == contract.StatusRunning {
+		return planAdopt
+	}
+	rc, ok := d.o.Backend.(recoverer)
+	switch {
+	case !ok:
+		return planLost
+	case rec.Mode == contract.ModeWatch:
+		return planRecover
+	case rec.Status.Kind == contract.StatusStarting && rc.ReapSession(rec.ID) == 0:
+		// A run session whose start never launched a process here.
+		return planStart
+	default:
+		rc.ReapSession(rec.ID)
+		return planLost
+	}
+}
+
+// recoverStatus records that a watch session comes up again after its
+// workload was lost: status starting (running before: every app's next
+// generation is attributed resume, 4.13), no workspace address until the
+// new workload's server answers.
+func (o *owned) recoverStatus(ctx context.Context) error {
+	rec, err := o.store.SetStatus(ctx, o.id, contract.Status{Kind: contract.StatusStarting}, func(r *session.Record) error {
+		if r.Status.Kind == contract.StatusRunning {
+			for i := range r.Apps {
+				r.Apps[i].Trigger = contract.TriggerResume
+			}
+		}
+		r.Workspace = ""
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	o.mu.Lock()
+	o.rec = rec
+	o.mu.Unlock()
+	return nil
+}
