@@ -65,8 +65,8 @@ lint: $(TOOLS)/golangci-lint ## golangci-lint v2 (installed into .tools at a pin
 $(TOOLS)/golangci-lint:
 	GOBIN=$(TOOLS) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_VERSION)
 
-bench: ## benchmarks (figures printed as ratios against in-run baselines)
-	cd bench && GOWORK=off $(GO) test -count=1 -run 'TestPrint' -v -bench . -benchtime=3x ./...
+bench: kube-bins ## benchmarks (figures printed as ratios against in-run baselines; the Kubernetes ones on the real API server)
+	cd bench && TELORUNNER_KUBE_BIN=$(KUBE_BIN) GOWORK=off $(GO) test -count=1 -run 'TestPrint' -v -bench . -benchtime=3x ./...
 
 clean: ## remove build output and local state
 	rm -rf $(BIN) .telorunner

@@ -1,0 +1,228 @@
+//go:build linux
+
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/testkit"
+	"github.com/telorunner/telorunner/services/pod-driver/kubetest"
+)
+
+// Failover timing: what the figure is bounded by.
+const (
+	failoverTTL  = 3 * time.Second        // RUNNER_OWNER_TTL_MS
+	failoverTick = 500 * time.Millisecond // RUNNER_SUPERVISOR_TICK_MS
+)
+
+var (
+	telorunnerOnce sync.Once
+	telorunnerBin  string
+	telorunnerErr  error
+)
+
+// telorunner builds the all-in-one binary once (the benchmark kills it
+// with SIGKILL, so it must be a separate process).
+func telorunner(tb testing.TB) string {
+	tb.Helper()
+	telorunnerOnce.Do(func() {
+		telorunnerBin = filepath.Join(filepath.Dir(kernelBin), "telorunner")
+		out, err := exec.Command("go", "build", "-o", telorunnerBin, "github.com/telorunner/telorunner/services/telorunner/cmd/telorunner").CombinedOutput()
+		if err != nil {
+			telorunnerErr = fmt.Errorf("build telorunner: %v\n%s", err, out)
+		}
+	})
+	if telorunnerErr != nil {
+		tb.Fatal(telorunnerErr)
+	}
+	return telorunnerBin
+}
+
+// proc is one telorunner process.
+type proc struct {
+	url  string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func startProc(tb testing.TB, vars map[string]string) *proc {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	_ = ln.Close()
+	cmd := exec.Command(telorunner(tb))
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "PORT=" + strconv.Itoa(port), "RUNNER_DATA_DIR=" + tb.TempDir(),
+		"RUNNER_KERNEL_COMMAND=" + kernelBin, "RUNNER_WORKSPACE_SERVER_COMMAND=" + serverBin}
+	for k, v := range vars {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	p := &proc{url: "http://127.0.0.1:" + strconv.Itoa(port), cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	tb.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(60 * time.Second):
+			_ = cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	if !testkit.Poll(context.Background(), 60*time.Second, func() bool {
+		resp, err := http.Get(p.url + "/v1/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	}) {
+		tb.Fatal("telorunner not serving within 60s")
+	}
+	return p
+}
+
+// status is GET /v1/sessions/:id's status kind and the workspace route's
+// answer.
+func served(url, id string) bool {
+	resp, err := http.Get(url + "/v1/sessions/" + id)
+	if err != nil {
+		return false
+	}
+	var doc struct{ Status struct{ Kind string } }
+	err = json.NewDecoder(resp.Body).Decode(&doc)
+	resp.Body.Close()
+	if err != nil || doc.Status.Kind != "running" {
+		return false
+	}
+	ws, err := http.Get(url + "/v1/sessions/" + id + "/workspace")
+	if err != nil {
+		return false
+	}
+	ws.Body.Close()
+	return ws.StatusCode == 200
+}
+
+// failover runs b.N rounds: two drivers (two telorunner processes over
+// one NATS, sharing the local work directory), a one-app watch session,
+// kill -9 of its owner, and the time until the session is served again
+// by the other: its owner key names the survivor, its status is running
+// and its workspace answers through the survivor's edge.
+func failover(b *testing.B, vars map[string]string) {
+	var took []time.Duration
+	for range b.N {
+		b.StopTimer()
+		ns := testkit.StartJetStream(b)
+		common := map[string]string{
+			"RUNNER_NATS_URL": ns.ClientURL(), "RUNNER_WORK_DIR": filepath.Join(b.TempDir(), "work"),
+			"RUNNER_WATCH_SESSIONS": "true", "RUNNER_OWNER_TTL_MS": strconv.Itoa(int(failoverTTL.Milliseconds())),
+			"RUNNER_SUPERVISOR_TICK_MS": strconv.Itoa(int(failoverTick.Milliseconds())),
+		}
+		for k, v := range vars {
+			common[k] = v
+		}
+		procs := map[string]*proc{}
+		for _, id := range []string{"driver-a", "driver-b"} {
+			v := map[string]string{"RUNNER_DRIVER_ID": id}
+			for k, x := range common {
+				v[k] = x
+			}
+			procs[id] = startProc(b, v)
+		}
+		r := runner{url: procs["driver-a"].url}
+		man := "kind: Telo.Application\nmetadata:\n  name: failover\n"
+		id := r.create(b, map[string]any{
+			"mode":   "watch",
+			"bundle": map[string]any{"entryRelativePath": "telo.yaml", "files": []map[string]any{{"relativePath": "telo.yaml", "contents": man}}},
+			"env":    map[string]any{}, "config": map[string]any{"image": "telorun/node:latest-slim", "pullPolicy": "missing"},
+			"inspect": true,
+			"apps":    []map[string]any{{"name": "app", "entryRelativePath": "telo.yaml"}},
+		})
+		if !testkit.Poll(context.Background(), 60*time.Second, func() bool { return served(r.url, id) }) {
+			b.Fatal("session not running within 60s")
+		}
+		nc, err := nats.Connect(ns.ClientURL())
+		if err != nil {
+			b.Fatal(err)
+		}
+		js, _ := jetstream.New(nc)
+		owners, err := js.KeyValue(context.Background(), bus.BucketOwners)
+		if err != nil {
+			b.Fatal(err)
+		}
+		e, err := owners.Get(context.Background(), id)
+		if err != nil {
+			b.Fatal(err)
+		}
+		owner := string(e.Value())
+		survivor := "driver-a"
+		if owner == survivor {
+			survivor = "driver-b"
+		}
+		b.StartTimer()
+		t0 := time.Now()
+		_ = procs[owner].cmd.Process.Kill()
+		<-procs[owner].done
+		ok := testkit.Poll(context.Background(), 10*failoverTTL, func() bool {
+			e, err := owners.Get(context.Background(), id)
+			return err == nil && string(e.Value()) == survivor && served(procs[survivor].url, id)
+		})
+		d := time.Since(t0)
+		b.StopTimer()
+		nc.Close()
+		if !ok {
+			b.Fatalf("session not served by %s within %v of the kill", survivor, 10*failoverTTL)
+		}
+		took = append(took, d)
+		b.StartTimer()
+	}
+	b.StopTimer()
+	sort.Slice(took, func(i, j int) bool { return took[i] < took[j] })
+	p50 := took[len(took)/2]
+	b.ReportMetric(float64(p50.Milliseconds()), "kill-to-served-p50-ms")
+	b.ReportMetric(float64(p50)/float64(failoverTTL), "x-owner-ttl")
+	fmt.Printf("%s: kill -9 → served again p50 %v, max %v (owner TTL %v, supervisor tick %v; goal ≤ 2 × TTL = %v)\n",
+		b.Name(), p50.Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond), failoverTTL, failoverTick, 2*failoverTTL)
+}
+
+// BenchmarkDriverFailover: the time from a driver's kill -9 to its
+// session served again by another driver. Bounded by the owner TTL (the
+// dead driver's key must expire: up to one TTL after its last renewal,
+// renewals every TTL/3), then the supervisor's next tick (it publishes
+// runner.cmd.adopt; if the dead process held the supervisor lease too,
+// the survivor's supervisor first waits out the same TTL for it), then
+// the adoption itself: local — end the lost process groups, start the
+// workspace server on the kept workspace directory, kernels, running;
+// kubernetes — find the pod and re-attach (no restart).
+func BenchmarkDriverFailover(b *testing.B) {
+	b.Run("local", func(b *testing.B) { failover(b, nil) })
+	b.Run("kubernetes", func(b *testing.B) {
+		env := kubetest.Start(b, kubetest.Options{})
+		env.StartKubelet(b, kubetest.KubeletOptions{Images: map[string]string{"telorun/node": kernelBin, "telorunner/workspace-server": serverBin}})
+		failover(b, map[string]string{
+			"RUNNER_BACKEND": "kubernetes", "KUBECONFIG": env.KubeconfigPath(env.Driver), "RUNNER_SESSION_NAMESPACE": env.Namespace,
+			"RUNNER_WORKSPACE_IMAGE": "telorunner/workspace-server:bench", "SESSION_INGRESS_BASE_DOMAIN": "bench.test",
+		})
+	})
+}
