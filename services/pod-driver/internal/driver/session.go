@@ -48,7 +48,9 @@ type owned struct {
 	pendingPorts map[string]json.RawMessage
 	portsMu      sync.Mutex // serializes port-set changes
 	next         intent
-	shutdown     atomic.Bool // driver shutting down: end as stopped
+	shutdown     atomic.Bool   // driver shutting down: end as stopped
+	lost         atomic.Bool   // another driver took the owner key
+	ownerRev     atomic.Uint64 // the owner key's revision as last written
 	// adopting: the first workload is an existing one to re-attach to
 	// (its driver died), not a new start.
 	adopting bool
@@ -157,6 +159,7 @@ func (d *Driver) own(ctx context.Context, c command) {
 // run drives the session from start to its terminal status.
 func (o *owned) run(ownerRev uint64) {
 	defer o.cancel()
+	o.ownerRev.Store(ownerRev)
 	go o.emitLoop()
 	renewDone := make(chan struct{})
 	go func() {
@@ -193,7 +196,7 @@ func (o *owned) run(ownerRev uint64) {
 	}
 	o.pumpMu.Unlock()
 	o.flush()
-	if final != nil {
+	if final != nil && !o.lost.Load() {
 		var mark func(*session.Record) error
 		if final.Kind == contract.StatusSuspended {
 			mark = func(r *session.Record) error {
@@ -213,7 +216,9 @@ func (o *owned) run(ownerRev uint64) {
 	<-o.evDone
 	o.cancel()
 	<-renewDone
-	_ = o.store.Owners.Delete(context.Background(), o.id)
+	if !o.lost.Load() {
+		_ = o.store.Owners.Delete(context.Background(), o.id, jetstream.LastRevision(o.ownerRev.Load()))
+	}
 }
 
 // adopter is a backend that can re-attach to a workload whose driver died
@@ -463,12 +468,17 @@ func (o *owned) renew(rev uint64) {
 			o.log.Warn("renew owner key", "err", err)
 			// Re-create it if it expired and nobody took it.
 			if n, err = o.store.Owners.Create(o.ctx, o.id, []byte(o.d.o.ID)); err != nil {
+				// Another driver adopted the session: this workload
+				// goes, and records nothing more (the adopter owns the
+				// status and the key now).
 				o.log.Error("lost session ownership; stopping workload", "err", err)
+				o.lost.Store(true)
 				_ = o.requestStop(context.Background())
 				return
 			}
 		}
 		rev = n
+		o.ownerRev.Store(rev)
 	}
 }
 

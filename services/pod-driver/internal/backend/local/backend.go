@@ -172,6 +172,9 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, sink backend.Sin
 	if w.dir, err = createSessionDir(b.root, spec.SessionID, appDirName); err != nil {
 		return nil, &backend.StartError{Stage: "create", Message: err.Error()}
 	}
+	if err := w.dir.stampDriver(b.opts.Owner); err != nil {
+		return nil, &backend.StartError{Stage: "create", Message: err.Error()}
+	}
 	if !spec.SelfContained {
 		if err := w.dir.writeBundle(spec.Bundle.Files); err != nil {
 			return nil, &backend.StartError{Stage: "create", Message: err.Error()}

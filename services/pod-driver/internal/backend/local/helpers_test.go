@@ -370,7 +370,9 @@ func waitGroupGone(t *testing.T, pgid int) {
 	poll(t, fmt.Sprintf("process group %d to be gone", pgid), func() bool { return !groupAlive(pgid) })
 }
 
-// dirEntries lists the names in dir.
+// dirEntries lists the names in dir. The work root's bookkeeping
+// directories (.groups, .kept) are listed only by what they hold, as
+// ".groups/<name>": empty, they are not a session's leftover.
 func dirEntries(t *testing.T, dir string) []string {
 	t.Helper()
 	es, err := os.ReadDir(dir)
@@ -379,6 +381,12 @@ func dirEntries(t *testing.T, dir string) []string {
 	}
 	var names []string
 	for _, e := range es {
+		if e.Name() == groupsDirName || e.Name() == keptDirName {
+			for _, sub := range dirEntries(t, filepath.Join(dir, e.Name())) {
+				names = append(names, e.Name()+"/"+sub)
+			}
+			continue
+		}
 		names = append(names, e.Name())
 	}
 	return names

@@ -83,3 +83,13 @@ func (d sessionDir) stampDriver(driver string) error {
 	}
 	return nil
 }
+
+// removeIfOurs removes the session directory unless another driver's
+// stamp is on it: a workload that lost its session to a driver on this
+// machine (which serves the directory now) leaves it alone.
+func (d sessionDir) removeIfOurs(owner string) error {
+	if stamp, err := os.ReadFile(filepath.Join(d.root, driverFileName)); err == nil && strings.TrimSpace(string(stamp)) != owner {
+		return nil
+	}
+	return d.remove()
+}

@@ -53,7 +53,7 @@ func TestBundleFiles(t *testing.T) {
 	if !maps.Equal(got, want) {
 		t.Errorf("bundle files = %q, want %q", got, want)
 	}
-	if got := dirEntries(t, filepath.Join(b.root, spec.SessionID)); !slices.Equal(got, []string{"app", "home", "pid"}) {
+	if got := dirEntries(t, filepath.Join(b.root, spec.SessionID)); !slices.Equal(got, []string{"app", "driver", "home", "pid"}) {
 		t.Errorf("session directory = %v, want [app home pid]", got)
 	}
 	stop(t, w)

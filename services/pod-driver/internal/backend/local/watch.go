@@ -434,7 +434,7 @@ func (w *WatchWorkload) abort() {
 // end removes the session directory, unregisters and closes done.
 func (w *WatchWorkload) end() {
 	if w.dir.root != "" {
-		if err := w.dir.remove(); err != nil {
+		if err := w.dir.removeIfOurs(w.b.opts.Owner); err != nil {
 			w.log.Warn("remove session directory", "err", err)
 		}
 	}

@@ -129,7 +129,7 @@ func (w *Workload) finish() {
 	if !w.exit.Stopped && first.waitErr == nil {
 		w.exit.Code = contract.IntPtr(first.code)
 	}
-	if err := w.dir.remove(); err != nil {
+	if err := w.dir.removeIfOurs(w.b.opts.Owner); err != nil {
 		w.log.Warn("remove session directory", "err", err)
 	}
 	w.b.unregister(&w.lifecycle)

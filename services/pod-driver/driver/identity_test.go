@@ -1,0 +1,108 @@
+package driver
+
+import (
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestLoadConfigOwnerTTL(t *testing.T) {
+	c, err := LoadConfig(lookup(map[string]string{}))
+	if err != nil || c.OwnerTTL != 15*time.Second {
+		t.Fatalf("default OwnerTTL = %v, %v; want 15s", c.OwnerTTL, err)
+	}
+	c, err = LoadConfig(lookup(map[string]string{"RUNNER_OWNER_TTL_MS": "2000"}))
+	if err != nil || c.OwnerTTL != 2*time.Second {
+		t.Fatalf("OwnerTTL = %v, %v; want 2s", c.OwnerTTL, err)
+	}
+	for _, bad := range []string{"0", "299", "x", "600001"} {
+		if _, err := LoadConfig(lookup(map[string]string{"RUNNER_OWNER_TTL_MS": bad})); err == nil || !strings.Contains(err.Error(), "RUNNER_OWNER_TTL_MS") {
+			t.Errorf("RUNNER_OWNER_TTL_MS=%s: err = %v, want one naming the variable", bad, err)
+		}
+	}
+}
+
+// A driver keeps its identity across restarts on one work directory; a
+// second live driver there gets another; a fixed id held by a live driver
+// is refused; the identity of a driver that died is found dead.
+func TestClaimIdentity(t *testing.T) {
+	dir := t.TempDir()
+	first, err := claimIdentity(dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := claimIdentity(dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.ID == first.ID || len(second.Dead) != 0 {
+		t.Fatalf("second live driver = %q dead %v, want a new identity beside %q and no dead one", second.ID, second.Dead, first.ID)
+	}
+	if _, err := claimIdentity(dir, first.ID); err == nil || !strings.Contains(err.Error(), "RUNNER_DRIVER_ID") {
+		t.Fatalf("fixed id held by a live driver: err = %v, want a refusal naming RUNNER_DRIVER_ID", err)
+	}
+	second.release() // the second driver stops
+	again, err := claimIdentity(dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.ID != second.ID {
+		t.Fatalf("restarted driver = %q, want its previous identity %q", again.ID, second.ID)
+	}
+	again.release()
+	first.release()
+	fixed, err := claimIdentity(dir, "driver-fixed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fixed.release()
+	slices.Sort(fixed.Dead)
+	want := []string{first.ID, second.ID}
+	slices.Sort(want)
+	if fixed.ID != "driver-fixed" || !slices.Equal(fixed.Dead, want) {
+		t.Fatalf("fixed driver = %q dead %v, want driver-fixed with dead %v", fixed.ID, fixed.Dead, want)
+	}
+}
+
+// A lock taken by another process is released by the kernel when that
+// process is killed with SIGKILL: the identity is then found dead.
+func TestClaimIdentityAfterKill(t *testing.T) {
+	dir := t.TempDir()
+	id, err := claimIdentity(dir, "driver-victim")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id.release()
+	// flock(1) holds the same lock in another process until it is killed.
+	holder := exec.Command("flock", "-x", "-o", dir+"/"+identitiesDirName+"/driver-victim.lock", "sleep", "600")
+	if err := holder.Start(); err != nil {
+		t.Fatalf("start flock: %v", err)
+	}
+	t.Cleanup(func() { _ = holder.Process.Kill(); _ = holder.Wait() })
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		probe, err := claimIdentity(dir, "driver-victim")
+		if err != nil {
+			break // held by the other process
+		}
+		probe.release()
+		if time.Now().After(deadline) {
+			t.Fatal("the other process never held the lock")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := holder.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = holder.Wait()
+	other, err := claimIdentity(dir, "driver-other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.release()
+	if !slices.Equal(other.Dead, []string{"driver-victim"}) {
+		t.Fatalf("dead after kill -9 of the holder = %v, want [driver-victim]", other.Dead)
+	}
+}
