@@ -104,7 +104,7 @@ func TestCrashRestartRecoversFromCheckpoint(t *testing.T) {
 // watch session; the other serves it again within 2 × the owner TTL,
 // recovered from the workspace directory.
 func TestFailoverBetweenDrivers(t *testing.T) {
-	const ttl = 2 * time.Second
+	const ttl = 3 * time.Second
 	ns := testkit.StartJetStream(t)
 	work := filepath.Join(t.TempDir(), "work")
 	common := merge(fastSupervisor, map[string]string{
