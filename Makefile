@@ -53,11 +53,11 @@ kube-bins: $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/kube-controller-manager $(KUBE
 $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/kube-controller-manager:
 	@mkdir -p $(KUBE_BIN)
 	@echo "== build $@ (cold: several minutes)"
-	cd tools/kubeenv && GOWORK=off $(GO) build -ldflags '$(KUBE_LDFLAGS)' -o $@.tmp k8s.io/kubernetes/cmd/$(notdir $@) && mv $@.tmp $@
+	cd tools/kubeenv && GOWORK=off $(GO) build -ldflags '$(KUBE_LDFLAGS)' -o $@.tmp.$$$$ k8s.io/kubernetes/cmd/$(notdir $@) && mv $@.tmp.$$$$ $@
 
 $(KUBE_BIN)/etcd:
 	@mkdir -p $(KUBE_BIN)
-	cd tools/kubeenv/cmd/etcd && GOWORK=off $(GO) build -o $@.tmp . && mv $@.tmp $@
+	cd tools/kubeenv/cmd/etcd && GOWORK=off $(GO) build -o $@.tmp.$$$$ . && mv $@.tmp.$$$$ $@
 
 lint: $(TOOLS)/golangci-lint ## golangci-lint v2 (installed into .tools at a pinned version)
 	@for m in $(MODULES); do echo "== lint $$m"; (cd $$m && $(TOOLS)/golangci-lint run --config $(CURDIR)/.golangci.yml ./...) || exit 1; done
