@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/telorunner/telorunner/pkg/obs"
+	"github.com/telorunner/telorunner/pkg/version"
 )
 
 // Env is what a standalone service main hands its Run function.
@@ -19,12 +20,17 @@ type Env struct {
 	Registry *prometheus.Registry
 }
 
-// Main is the body of every standalone service's main: configErr (from
+// Main is the body of every standalone service's main: `<name> version`
+// prints the build's version and exits 0; configErr (from
 // loading its configuration) exits 2 naming the variable; then a signal
 // context, the logger (LOG_LEVEL, LOG_FORMAT), a NATS connection to
 // RUNNER_NATS_URL, the ops listener (RUNNER_OPS_ADDR) and serve. A failure
 // exits 1. It does not return.
 func Main(name string, configErr error, serve func(ctx context.Context, env Env) error) {
+	if version.Requested(os.Args[1:]) {
+		version.Print(os.Stdout, name)
+		os.Exit(0)
+	}
 	if configErr != nil {
 		fmt.Fprintln(os.Stderr, configErr)
 		os.Exit(2)

@@ -1,6 +1,7 @@
 // Command telorunner runs the whole runner in one process: embedded NATS
 // JetStream (store under RUNNER_DATA_DIR) and every service, serving /v1
-// on PORT (default 8062). Configuration errors exit with status 2.
+// on PORT (default 8062). Configuration errors exit with status 2;
+// `telorunner version` prints the build's version.
 package main
 
 import (
@@ -9,10 +10,15 @@ import (
 
 	"github.com/telorunner/telorunner/pkg/obs"
 	"github.com/telorunner/telorunner/pkg/run"
+	"github.com/telorunner/telorunner/pkg/version"
 	"github.com/telorunner/telorunner/services/telorunner/allinone"
 )
 
 func main() {
+	if version.Requested(os.Args[1:]) {
+		version.Print(os.Stdout, "telorunner")
+		return
+	}
 	cfg, err := allinone.LoadConfig(os.LookupEnv)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -3,6 +3,7 @@
 // and holds no credentials. It reads only WORKSPACE_DIR, PORT,
 // WORKSPACE_BIND and WORKSPACE_EXCLUDE; a bad value exits 2 naming the
 // variable, a runtime failure exits 1, SIGTERM shuts down gracefully.
+// `workspace-server version` prints the build's version.
 package main
 
 import (
@@ -10,9 +11,14 @@ import (
 	"os"
 
 	"github.com/telorunner/telorunner/pkg/run"
+	"github.com/telorunner/telorunner/pkg/version"
 )
 
 func main() {
+	if version.Requested(os.Args[1:]) {
+		version.Print(os.Stdout, "workspace-server")
+		return
+	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	cfg, err := loadConfig(os.Getenv)
 	if err != nil {
