@@ -179,7 +179,7 @@ workspaceProxy: {pdb: {enabled: false}}
 `,
 		want: want{
 			noSessionGuards: true, noPDB: true,
-			sessionNS:       "telo-sessions", managedBy: "telo-k8s-runner", natsURL: "nats://nats.shared.svc:4222", streamReplicas: "1",
+			sessionNS: "telo-sessions", managedBy: "telo-k8s-runner", natsURL: "nats://nats.shared.svc:4222", streamReplicas: "1",
 			imagePrefix: "ghcr.io/telorunner/", pullPolicy: "IfNotPresent", credSecret: "shared-bus",
 			kernelImage: "telorun/node:latest-slim", apiEdgePort: 8080, opsPort: 9090,
 			replicas: map[string]int64{"api-edge": 2, "pod-driver": 1, "supervisor": 1, "workspace-proxy": 1},
