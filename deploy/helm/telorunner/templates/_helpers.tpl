@@ -67,7 +67,8 @@ imagePullSecrets:
 {{- end }}
 {{- end }}
 {{- end -}}
-{{- /* nats.conf of the in-chart NATS (see nats.yaml). */ -}}
+{{- /* nats.conf of the in-chart NATS (see nats.yaml). toJson escapes
+>, < and & as \u00XX, which NATS's parser refuses: put them back. */ -}}
 {{- define "telorunner.natsConf" -}}
 {{- $n := .root.Values.nats -}}
 server_name: $POD_NAME
@@ -91,7 +92,7 @@ cluster {
 authorization {
   users: [
     {{- range .roles }}
-    {nkey: $NKEY_{{ . | upper | replace "-" "_" }}, permissions: {{ get $.perms . | toJson }}}
+    {nkey: $NKEY_{{ . | upper | replace "-" "_" }}, permissions: {{ get $.perms . | toJson | replace "\\u003e" ">" | replace "\\u003c" "<" | replace "\\u0026" "&" }}}
     {{- end }}
   ]
 }
