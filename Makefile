@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 MODULES := pkg services/api-edge services/pod-driver services/supervisor services/workspace-proxy services/telorunner bench
 # Test tools with their own heavy dependencies, kept out of go.work.
-TOOL_MODULES := tools/standin-kubelet tools/chartcheck
+TOOL_MODULES := tools/standin-kubelet tools/chartcheck tools/images
 BIN := $(CURDIR)/bin
 TOOLS := $(CURDIR)/.tools/bin
 GOLANGCI_VERSION := v2.15.0
@@ -15,7 +15,12 @@ KUBE_VERSION := v1.37.2
 KUBE_BIN ?= $(HOME)/.cache/telorunner/kube-$(KUBE_VERSION)-$(shell cat tools/kubeenv/go.sum tools/kubeenv/cmd/etcd/go.sum | sha256sum | cut -c1-12)
 KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) -X k8s.io/component-base/version.gitTreeState=clean
 
-.PHONY: help build run test vet fmt-check lint bench clean kube-bins
+# Images (tools/images): stamped with the commit, every file and the image
+# dated at the commit's time, so the same commit gives the same digests.
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+
+.PHONY: help build run test vet fmt-check lint bench clean kube-bins images push
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -27,6 +32,13 @@ build: ## build every binary into ./bin
 	cd services/pod-driver && $(GO) build -o $(BIN)/pod-driver ./cmd/pod-driver && $(GO) build -o $(BIN)/devkernel ./cmd/devkernel
 	cd services/supervisor && $(GO) build -o $(BIN)/supervisor ./cmd/supervisor
 	cd services/workspace-proxy && $(GO) build -o $(BIN)/workspace-proxy ./cmd/workspace-proxy && $(GO) build -o $(BIN)/workspace-server ./cmd/workspace-server
+
+images: ## OCI image of every service, the all-in-one and workspace-server into dist/oci (no daemon)
+	cd tools/images && GOWORK=off $(GO) run . build -root $(CURDIR) -out $(CURDIR)/dist/oci -revision "$(REVISION)" -created "$(SOURCE_DATE_EPOCH)"
+
+push: ## push dist/oci's images to $REGISTRY (host/path), credentials from ~/.docker/config.json
+	@if [ -z "$(REGISTRY)" ]; then echo "push: REGISTRY=host/path is required"; exit 2; fi
+	cd tools/images && GOWORK=off $(GO) run . push -root $(CURDIR) -out $(CURDIR)/dist/oci -registry "$(REGISTRY)"
 
 run: build ## start the all-in-one (embedded NATS, local backend) on $PORT
 	PORT=$(PORT) $(BIN)/telorunner
@@ -69,4 +81,4 @@ bench: kube-bins ## benchmarks (figures printed as ratios against in-run baselin
 	cd bench && TELORUNNER_KUBE_BIN=$(KUBE_BIN) GOWORK=off $(GO) test -count=1 -run 'TestPrint' -v -bench . -benchtime=3x ./...
 
 clean: ## remove build output and local state
-	rm -rf $(BIN) .telorunner
+	rm -rf $(BIN) .telorunner dist

@@ -5,6 +5,7 @@ package chartcheck
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -15,8 +16,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
@@ -48,6 +51,8 @@ func (w *warnings) take() []string {
 	w.list = nil
 	return l
 }
+
+var networkPolicies = schema.GroupVersionResource{Group: "networking.k8s.io", Version: "v1", Resource: "networkpolicies"}
 
 type cluster struct {
 	dyn    dynamic.Interface
@@ -268,6 +273,8 @@ func TestChartOnAPIServer(t *testing.T) {
 				}
 			}
 
+			checkIsolationOnServer(t, c, in, objs)
+
 			sa := in.release + "-pod-driver"
 			pollCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			defer cancel()
@@ -303,4 +310,101 @@ func TestChartOnAPIServer(t *testing.T) {
 			}
 		})
 	}
+}
+
+// checkIsolationOnServer evaluates the session NetworkPolicy as stored by
+// the API server against the cluster as it is: no egress peer's namespace
+// selector matches the release namespace's real labels, and every ipBlock
+// excludes the ClusterIP of every Service in the release namespace (NATS,
+// the edge) and the API server's own Service. The stand-in kubelet does
+// not enforce NetworkPolicy, so this checks the rules, not packets.
+func checkIsolationOnServer(t *testing.T, c *cluster, in install, objs []*unstructured.Unstructured) {
+	t.Helper()
+	ctx := t.Context()
+	if in.want.noSessionGuards {
+		return
+	}
+	np, err := c.dyn.Resource(networkPolicies).Namespace(in.want.sessionNS).Get(ctx, in.release+"-sessions", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("get session NetworkPolicy: %v", err)
+	}
+	ns, err := c.cs.CoreV1().Namespaces().Get(ctx, in.namespace, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svcs, err := c.cs.CoreV1().Services(in.namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	api, err := c.cs.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ips []string
+	for _, s := range svcs.Items {
+		if s.Spec.ClusterIP != "" && s.Spec.ClusterIP != "None" {
+			ips = append(ips, s.Namespace+"/"+s.Name+"="+s.Spec.ClusterIP)
+		}
+	}
+	ips = append(ips, "default/kubernetes="+api.Spec.ClusterIP)
+	if len(ips) < 2 {
+		t.Fatalf("release namespace %s has no Service with a ClusterIP: nothing to check against", in.namespace)
+	}
+	for _, e := range sessionEgressReaches(t, np, ns.Labels, ips) {
+		t.Errorf("session NetworkPolicy egress reaches %s", e)
+	}
+
+	// The same evaluation finds a rule that opens the release namespace,
+	// and an ipBlock without the private ranges.
+	bad := np.DeepCopy()
+	egress, _, _ := unstructured.NestedSlice(bad.Object, "spec", "egress")
+	egress = append(egress,
+		map[string]any{"to": []any{map[string]any{"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": in.namespace}}}}},
+		map[string]any{"to": []any{map[string]any{"ipBlock": map[string]any{"cidr": "0.0.0.0/0"}}}})
+	if err := unstructured.SetNestedSlice(bad.Object, egress, "spec", "egress"); err != nil {
+		t.Fatal(err)
+	}
+	if got := sessionEgressReaches(t, bad, ns.Labels, ips); len(got) != 1+len(ips) {
+		t.Errorf("evaluation of a policy open to the release namespace found %q, want the namespace and %d Services", got, len(ips))
+	}
+}
+
+// sessionEgressReaches lists what np's egress rules reach of the release
+// namespace (labelled nsLabels) and of the Services ("ns/name=ip").
+func sessionEgressReaches(t *testing.T, np *unstructured.Unstructured, nsLabels map[string]string, svcIPs []string) []string {
+	t.Helper()
+	var out []string
+	for _, p := range egressPeers(np) {
+		if sel, ok := p["namespaceSelector"].(map[string]any); ok {
+			if selector(t, "egress", sel).Matches(labels.Set(nsLabels)) {
+				out = append(out, fmt.Sprintf("the release namespace (peer %v)", p))
+			}
+		}
+		block, ok := p["ipBlock"].(map[string]any)
+		if !ok {
+			continue
+		}
+		cidr, err := netip.ParsePrefix(fmt.Sprint(block["cidr"]))
+		if err != nil {
+			t.Fatalf("ipBlock %v: %v", block, err)
+		}
+		except, _ := block["except"].([]any)
+		for _, s := range svcIPs {
+			_, ipStr, _ := strings.Cut(s, "=")
+			ip := netip.MustParseAddr(ipStr)
+			if !cidr.Contains(ip) {
+				continue
+			}
+			excluded := false
+			for _, e := range except {
+				if ex, err := netip.ParsePrefix(fmt.Sprint(e)); err == nil && ex.Contains(ip) {
+					excluded = true
+				}
+			}
+			if !excluded {
+				out = append(out, fmt.Sprintf("Service %s through ipBlock %v", s, block))
+			}
+		}
+	}
+	return out
 }
