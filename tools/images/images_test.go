@@ -8,6 +8,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"io"
+	"log"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -283,7 +284,7 @@ func TestPush(t *testing.T) {
 	if len(imgs) != 2 {
 		t.Fatalf("built %d images, want 2", len(imgs))
 	}
-	srv := httptest.NewServer(registry.New())
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	t.Cleanup(srv.Close)
 	reg := strings.TrimPrefix(srv.URL, "http://") + "/team/telo"
 
