@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -32,6 +35,8 @@ type Log struct {
 
 	mu    sync.Mutex
 	tails map[string]*tail
+
+	trimFailures atomic.Uint64
 }
 
 // NewLog returns a log over stream whose subjects each retain at most
@@ -83,6 +88,21 @@ func (l *Log) Forget(subject string) {
 
 // Append publishes data as the next entry of subject and returns its
 // Runner-Seq. hdr may carry extra headers; it is modified.
+//
+// An append is idempotent: every publish of one logical entry carries the
+// same Nats-Msg-Id (the caller's, when hdr already has one, else a fresh
+// one per call), so a publish retried after a lost acknowledgement is
+// de-duplicated by JetStream (within the stream's 2-minute duplicate
+// window) and reported as the entry it already is; the expected-last-
+// subject-sequence check that makes the retry look stale is resolved by
+// reading the tail and trying again with the same id. A caller that
+// retries a failed Append should pass the same Nats-Msg-Id header so the
+// retry cannot store the entry twice.
+//
+// Once the publish was acknowledged Append succeeds: trimming the window
+// afterwards is best effort (a failure is logged, counted by TrimFailures
+// and retried by the next append), never an append error, so no caller
+// retries an entry that is stored.
 func (l *Log) Append(ctx context.Context, subject string, data []byte, hdr nats.Header) (uint64, error) {
 	t := l.tail(subject)
 	t.mu.Lock()
@@ -96,31 +116,51 @@ func (l *Log) Append(ctx context.Context, subject string, data []byte, hdr nats.
 	if hdr == nil {
 		hdr = nats.Header{}
 	}
-	hdr.Set(jetstream.MsgIDHeader, nuid.Next())
+	if hdr.Get(jetstream.MsgIDHeader) == "" {
+		hdr.Set(jetstream.MsgIDHeader, nuid.Next())
+	}
 	msg := &nats.Msg{Subject: subject, Data: data, Header: hdr}
+	wait := 10 * time.Millisecond
 	for attempt := 0; ; attempt++ {
 		seq := t.lastSeq + 1
 		hdr.Set(HeaderSeq, strconv.FormatUint(seq, 10))
 		ack, err := l.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(t.lastStreamSeq))
 		if err == nil {
 			if ack.Duplicate {
-				// A retried publish that had landed: re-read the tail.
-				if err := l.catchUp(ctx, subject, t); err != nil {
-					return 0, err
-				}
-				return t.lastSeq, nil
+				// An earlier publish of this entry landed (its ack was
+				// lost): report that entry, and learn the tail.
+				return l.landed(ctx, subject, t, ack.Sequence)
 			}
 			t.lastStreamSeq = ack.Sequence
 			t.lastSeq = seq
 			t.win = append(t.win, window{streamSeq: ack.Sequence, size: int64(len(data))})
 			t.bytes += int64(len(data))
 			if err := l.trim(ctx, subject, t); err != nil {
-				return seq, err
+				l.trimFailures.Add(1)
+				slog.Warn("trim log window; retried at the next append", "subject", subject, "err", err)
 			}
 			return seq, nil
 		}
-		if !isWrongLastSeq(err) || attempt > 1000 {
+		if attempt > 1000 || ctx.Err() != nil {
 			return 0, fmt.Errorf("append %s: %w", subject, err)
+		}
+		var apiErr *jetstream.APIError
+		switch {
+		case isWrongLastSeq(err):
+			// Another writer appended, or our own earlier publish landed.
+		case errors.As(err, &apiErr):
+			return 0, fmt.Errorf("append %s: %w", subject, err)
+		default:
+			// No answer (timeout, reconnecting): the entry may or may not
+			// be stored. Publish it again under the same id.
+			tm := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				tm.Stop()
+				return 0, fmt.Errorf("append %s: %w", subject, err)
+			case <-tm.C:
+			}
+			wait = min(2*wait, time.Second)
 		}
 		if err := l.catchUp(ctx, subject, t); err != nil {
 			return 0, err
@@ -128,19 +168,43 @@ func (l *Log) Append(ctx context.Context, subject string, data []byte, hdr nats.
 	}
 }
 
+// landed returns the Runner-Seq of the entry stored at stream sequence
+// streamSeq (a de-duplicated publish) after bringing t up to the tail.
+func (l *Log) landed(ctx context.Context, subject string, t *tail, streamSeq uint64) (uint64, error) {
+	if err := l.catchUp(ctx, subject, t); err != nil {
+		return 0, err
+	}
+	s, err := l.js.Stream(ctx, l.stream)
+	if err != nil {
+		return 0, fmt.Errorf("append %s: %w", subject, err)
+	}
+	m, err := s.GetMsg(ctx, streamSeq)
+	if err != nil {
+		// Trimmed already: it is older than the tail.
+		return 0, fmt.Errorf("append %s: read de-duplicated entry %d: %w", subject, streamSeq, err)
+	}
+	return parseSeq(m.Header), nil
+}
+
+// TrimFailures counts window trims that failed (each is retried by the
+// next append to the subject).
+func (l *Log) TrimFailures() uint64 { return l.trimFailures.Load() }
+
 // trim purges the oldest entries once the window exceeds the budget by more
-// than the slack, down to the budget, always keeping the newest entry.
+// than the slack, down to the budget, always keeping the newest entry. The
+// cached window shrinks only once the purge succeeded, so a failed trim is
+// tried again by the next append.
 func (l *Log) trim(ctx context.Context, subject string, t *tail) error {
 	if l.budget <= 0 || t.bytes <= l.budget+l.slack || len(t.win) < 2 {
 		return nil
 	}
 	n := 0
-	for t.bytes > l.budget && len(t.win)-n > 1 {
-		t.bytes -= t.win[n].size
+	bytes := t.bytes
+	for bytes > l.budget && len(t.win)-n > 1 {
+		bytes -= t.win[n].size
 		n++
 	}
 	keep := t.win[n].streamSeq
-	t.win = append(t.win[:0], t.win[n:]...)
 	s, err := l.js.Stream(ctx, l.stream)
 	if err != nil {
 		return fmt.Errorf("trim %s: %w", subject, err)
@@ -148,6 +212,8 @@ func (l *Log) trim(ctx context.Context, subject string, t *tail) error {
 	if err := s.Purge(ctx, jetstream.WithPurgeSubject(subject), jetstream.WithPurgeSequence(keep)); err != nil {
 		return fmt.Errorf("trim %s: %w", subject, err)
 	}
+	t.bytes = bytes
+	t.win = append(t.win[:0], t.win[n:]...)
 	return nil
 }
 

@@ -11,6 +11,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+
 	"github.com/telorunner/telorunner/pkg/bus"
 )
 
@@ -121,12 +125,17 @@ func (p *Pump) run() {
 }
 
 // append retries a failed append a few times; bytes are dropped (and
-// logged) only when the bus stays unavailable.
+// logged) only when the bus stays unavailable. Every attempt carries the
+// chunk's one Nats-Msg-Id, so a retry of a chunk that was stored (its ack
+// lost) is de-duplicated, never stored twice.
 func (p *Pump) append(chunk []byte) {
 	wait := 50 * time.Millisecond
+	id := nuid.Next()
 	for attempt := 0; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_, err := p.log.Append(ctx, p.subject, chunk, nil)
+		hdr := nats.Header{}
+		hdr.Set(jetstream.MsgIDHeader, id)
+		_, err := p.log.Append(ctx, p.subject, chunk, hdr)
 		cancel()
 		if err == nil {
 			return
