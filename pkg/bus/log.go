@@ -349,3 +349,32 @@ func isWrongLastSeq(err error) bool {
 	}
 	return false
 }
+
+// Position returns the stream sequence of subject's newest entry (0 when
+// empty): entries appended later have greater stream sequences.
+func (l *Log) Position(ctx context.Context, subject string) (uint64, error) {
+	s, err := l.js.Stream(ctx, l.stream)
+	if err != nil {
+		return 0, fmt.Errorf("position %s: %w", subject, err)
+	}
+	m, err := s.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("position %s: %w", subject, err)
+	}
+	return m.Sequence, nil
+}
+
+// Has reports whether a retained entry of subject after stream sequence
+// after carries Nats-Msg-Id msgID (an append that landed).
+func (l *Log) Has(ctx context.Context, subject, msgID string, after uint64) (bool, error) {
+	found := false
+	err := l.scan(ctx, subject, after+1, func(e Entry) {
+		if e.Header.Get(jetstream.MsgIDHeader) == msgID {
+			found = true
+		}
+	})
+	return found, err
+}

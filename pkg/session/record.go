@@ -1,8 +1,10 @@
 // Package session is the durable session registry shared by every service:
 // the session record in the runner_sessions bucket, its event log, its
 // bundle, admission slots and eviction. Every status transition goes
-// through SetStatus (CAS on the record, then an event append) so that the
-// record and the event stream agree whichever actor caused it.
+// through SetStatus (a CAS on the record that also queues the status event
+// in the record's outbox, then the append of that event) so that the
+// record and the event stream agree whichever actor caused it, even when
+// the actor dies between the two steps.
 package session
 
 import (
@@ -34,6 +36,20 @@ type Record struct {
 	Driver string `json:"driver,omitempty"`
 	// Reloads are the admitted reload/write times of the last 60 s (13.5).
 	Reloads []time.Time `json:"reloads,omitempty"`
+	// Outbox holds the status events of transitions whose event is not
+	// yet known to be in the event log, oldest first (Store.SetStatus).
+	Outbox []PendingStatus `json:"outbox,omitempty"`
+}
+
+// PendingStatus is one status event in a record's outbox.
+type PendingStatus struct {
+	// ID is the event's Nats-Msg-Id, the same for every append attempt.
+	ID string `json:"id"`
+	// After is the event log's stream position before the transition:
+	// the event, once appended, lies after it.
+	After  uint64          `json:"after"`
+	At     time.Time       `json:"at"`
+	Status contract.Status `json:"status"`
 }
 
 // App is one app channel of a session.

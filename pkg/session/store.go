@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 
 	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/contract"
@@ -32,6 +33,11 @@ type Store struct {
 	Events      *bus.Log
 	IO          *bus.Log
 	Now         func() time.Time
+
+	// afterStatusCAS, when set (tests), runs between a status transition
+	// and the append of its event; an error ends SetStatus there, as a
+	// writer dying at that point would.
+	afterStatusCAS func() error
 }
 
 // Open binds a Store to provisioned buckets; replayBytes is the byte
@@ -88,6 +94,11 @@ func (s *Store) Update(ctx context.Context, id string, mutate func(*Record) erro
 
 // Emit appends an event to the session's event log and returns its id.
 func (s *Store) Emit(ctx context.Context, id string, ev contract.Event) (uint64, error) {
+	return s.emit(ctx, id, ev, "")
+}
+
+// emit appends ev under msgID (its idempotency key; "" draws one).
+func (s *Store) emit(ctx context.Context, id string, ev contract.Event, msgID string) (uint64, error) {
 	b, err := json.Marshal(ev)
 	if err != nil {
 		return 0, fmt.Errorf("encode event: %w", err)
@@ -97,6 +108,9 @@ func (s *Store) Emit(ctx context.Context, id string, ev contract.Event) (uint64,
 	if ev.Status != nil && ev.Status.Terminal() {
 		hdr.Set(bus.HeaderTerminal, "1")
 	}
+	if msgID != "" {
+		hdr.Set(jetstream.MsgIDHeader, msgID)
+	}
 	return s.Events.Append(ctx, bus.EventsSubject(id), b, hdr)
 }
 
@@ -104,7 +118,20 @@ func (s *Store) Emit(ctx context.Context, id string, ev contract.Event) (uint64,
 // terminal session never changes again (ErrTerminal). mutate, when given,
 // checks and changes other fields in the same compare-and-set; an error
 // from it aborts the transition.
+//
+// The transition and its event cannot be separated: the compare-and-set
+// also queues the event in the record's outbox, and the event is appended
+// from there (then the outbox entry is dropped). A writer that dies
+// between the two steps leaves the event in the outbox, where the next
+// SetStatus of the session or the supervisor's FlushStatus appends it, in
+// transition order and exactly once (see FlushStatus). An error after the
+// compare-and-set means the transition is recorded and its event pending.
 func (s *Store) SetStatus(ctx context.Context, id string, st contract.Status, mutate func(*Record) error) (Record, error) {
+	after, err := s.Events.Position(ctx, bus.EventsSubject(id))
+	if err != nil {
+		return Record{}, err
+	}
+	p := PendingStatus{ID: "status-" + id + "-" + nuid.Next(), After: after, At: s.Now().UTC(), Status: st}
 	r, err := s.Update(ctx, id, func(r *Record) error {
 		if r.Status.Terminal() {
 			return ErrTerminal
@@ -120,15 +147,94 @@ func (s *Store) SetStatus(ctx context.Context, id string, st contract.Status, mu
 			now := s.Now().UTC()
 			r.ExitedAt = &now
 		}
+		r.Outbox = append(r.Outbox, p)
 		return nil
 	})
 	if err != nil {
 		return r, err
 	}
-	if _, err := s.Emit(ctx, id, contract.StatusEvent(st)); err != nil {
+	if s.afterStatusCAS != nil {
+		if err := s.afterStatusCAS(); err != nil {
+			return r, err
+		}
+	}
+	// Only this call can have appended its own event, so it needs no
+	// lookup; entries other writers left are looked up first.
+	if err := s.deliver(ctx, id, r.Outbox, p.ID); err != nil {
 		return r, err
 	}
+	r.Outbox = nil
 	return r, nil
+}
+
+// FlushStatus appends the status events a session's outbox still holds
+// (their writer died between the transition and the append, or the append
+// failed), in order, each exactly once: an entry whose event is found in
+// the log after the position the outbox recorded is not appended again,
+// and concurrent flushers use the entry's id as Nats-Msg-Id, which
+// JetStream de-duplicates. A missing session is not an error.
+func (s *Store) FlushStatus(ctx context.Context, id string) error {
+	r, _, err := s.Get(ctx, id)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return s.deliver(ctx, id, r.Outbox, "")
+}
+
+// deliver appends the outbox entries pending (looking each up first but
+// fresh, this caller's own new entry) and drops them from the record.
+func (s *Store) deliver(ctx context.Context, id string, pending []PendingStatus, fresh string) error {
+	if len(pending) == 0 {
+		return nil
+	}
+	subject := bus.EventsSubject(id)
+	done := map[string]bool{}
+	var failed error
+	for _, p := range pending {
+		if p.ID != fresh {
+			landed, err := s.Events.Has(ctx, subject, p.ID, p.After)
+			if err != nil {
+				failed = err
+				break
+			}
+			if landed {
+				done[p.ID] = true
+				continue
+			}
+		}
+		if _, err := s.emit(ctx, id, contract.StatusEvent(p.Status), p.ID); err != nil {
+			failed = err
+			break
+		}
+		done[p.ID] = true
+	}
+	if len(done) > 0 {
+		if _, err := s.Update(ctx, id, func(r *Record) error {
+			kept := r.Outbox[:0]
+			for _, p := range r.Outbox {
+				if !done[p.ID] {
+					kept = append(kept, p)
+				}
+			}
+			if len(kept) == len(r.Outbox) {
+				return bus.ErrNoChange
+			}
+			r.Outbox = kept
+			if len(r.Outbox) == 0 {
+				r.Outbox = nil
+			}
+			return nil
+		}); err != nil && !errors.Is(err, ErrNotFound) && failed == nil {
+			failed = err
+		}
+	}
+	if failed != nil {
+		return fmt.Errorf("deliver status events of %s: %w", id, failed)
+	}
+	return nil
 }
 
 // PutBundle stores a session's bundle.

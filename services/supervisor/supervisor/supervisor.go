@@ -2,7 +2,8 @@
 // active replica (leader-elected over a key with a TTL; standbys take over
 // when it stops renewing) reconciles every stored session on a tick:
 // checkpoints of live watch sessions, idle suspend, suspended-TTL and
-// exit-TTL eviction, adoption requests for sessions whose driver died, and
+// exit-TTL eviction, adoption requests for sessions whose driver died,
+// delivery of status events a dead writer left in a record's outbox, and
 // garbage collection of unreferenced checkpoint blobs.
 package supervisor
 
@@ -188,6 +189,16 @@ func (s *sup) reconcile(ctx context.Context) {
 
 func (s *sup) reconcileOne(ctx context.Context, rec session.Record) {
 	now := s.now()
+	if len(rec.Outbox) > 0 && now.Sub(rec.Outbox[0].At) >= s.cfg.Tick {
+		// A status writer died between the transition and its event (or
+		// the append failed): deliver the event, exactly once.
+		if err := s.store.FlushStatus(ctx, rec.ID); err != nil {
+			s.log.Warn("deliver pending status events", "session", rec.ID, "err", err)
+		} else {
+			s.m.outboxFlushes.Inc()
+			s.log.Info("delivered pending status events", "session", rec.ID, "events", len(rec.Outbox))
+		}
+	}
 	switch {
 	case rec.Status.Terminal():
 		if rec.ExitedAt != nil && now.Sub(*rec.ExitedAt) >= s.cfg.ExitTTL {
@@ -376,7 +387,7 @@ func replyErr(data []byte) error {
 }
 
 type metrics struct {
-	checkpoints, checkpointFailures, suspends, evictions prometheus.Counter
+	checkpoints, checkpointFailures, suspends, evictions, outboxFlushes prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) metrics {
@@ -388,9 +399,10 @@ func newMetrics(reg prometheus.Registerer) metrics {
 		checkpointFailures: c("runner_supervisor_checkpoint_failures_total", "Workspace checkpoints that failed."),
 		suspends:           c("runner_supervisor_suspends_total", "Idle watch sessions suspended."),
 		evictions:          c("runner_supervisor_evictions_total", "Sessions evicted by TTL."),
+		outboxFlushes:      c("runner_supervisor_status_replays_total", "Sessions whose pending status events the supervisor delivered."),
 	}
 	if reg != nil {
-		reg.MustRegister(m.checkpoints, m.checkpointFailures, m.suspends, m.evictions)
+		reg.MustRegister(m.checkpoints, m.checkpointFailures, m.suspends, m.evictions, m.outboxFlushes)
 	}
 	return m
 }

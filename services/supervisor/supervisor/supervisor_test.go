@@ -141,3 +141,51 @@ func TestOwnerlessSessionIsAdopted(t *testing.T) {
 		t.Fatalf("adopt request for %q", m.Data)
 	}
 }
+
+// A status writer that died between the transition and its event left the
+// event in the record's outbox: the supervisor delivers it, once.
+func TestPendingStatusEventDeliveredOnce(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	const id = "eeeeeeeeeeee"
+	old := time.Now().Add(-time.Minute).UTC()
+	st := contract.Status{Kind: contract.StatusFailed, Message: "workload lost"}
+	rec := session.Record{ID: id, Mode: contract.ModeRun, Status: st, ExitedAt: &old, CreatedAt: old,
+		Outbox: []session.PendingStatus{{ID: "status-" + id + "-x", At: old, Status: st}}}
+	if err := e.store.Create(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	r, err := e.store.Events.Read(ctx, bus.EventsSubject(id), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	e.run(t, Config{Tick: 50 * time.Millisecond})
+	ev, _, _, err := r.Next()
+	if err != nil || ev.Header.Get(bus.HeaderTerminal) == "" || ev.Seq != 1 {
+		t.Fatalf("first event = %d %q (%v), want the terminal status as event 1", ev.Seq, ev.Data, err)
+	}
+	testkit.Eventually(t, 10*time.Second, func() bool {
+		got, _, err := e.store.Get(ctx, id)
+		return err == nil && len(got.Outbox) == 0
+	}, "outbox emptied")
+	// Several more ticks: nothing is appended again.
+	for range 5 {
+		// The leader key is renewed before each reconcile: a new revision
+		// means the previous reconcile finished.
+		rev := leaderRev(t, e)
+		testkit.Eventually(t, 10*time.Second, func() bool { return leaderRev(t, e) > rev }, "another tick")
+	}
+	if tail, err := e.store.Events.Tail(ctx, bus.EventsSubject(id)); err != nil || tail != 1 {
+		t.Fatalf("event log tail = %d, %v, want 1 (the status event once)", tail, err)
+	}
+}
+
+func leaderRev(t *testing.T, e env) uint64 {
+	t.Helper()
+	v, err := e.store.Owners.Get(context.Background(), LeaderKey)
+	if err != nil {
+		return 0
+	}
+	return v.Revision()
+}
