@@ -12,7 +12,7 @@ import "strings"
 const (
 	StreamEvents = "RUNNER_EVENTS" // runner.evt.<sessionId>
 	StreamIO     = "RUNNER_IO"     // runner.io.<sessionId>.<app>
-	StreamCmd    = "RUNNER_CMD"    // runner.cmd.start, runner.cmd.adopt (work queue)
+	StreamCmd    = "RUNNER_CMD"    // runner.cmd.start.<sessionId>, runner.cmd.adopt (work queue)
 )
 
 // Key-value buckets.
@@ -37,11 +37,19 @@ const KeyAdmissionSlots = "slots"
 const (
 	SubjectEventsPrefix = "runner.evt."
 	SubjectIOPrefix     = "runner.io."
-	SubjectCmdStart     = "runner.cmd.start"
-	SubjectCmdAdopt     = "runner.cmd.adopt"
-	SubjectCmdAll       = "runner.cmd.>"
-	SubjectCtlPrefix    = "runner.ctl."
-	SubjectWSPrefix     = "runner.ws."
+	// SubjectCmdStart is the start command subject of releases before
+	// per-session start subjects; drivers still take it. Publish on
+	// CmdStartSubject.
+	SubjectCmdStart = "runner.cmd.start"
+	// SubjectCmdStartPrefix + <sessionId> asks a driver to start a
+	// session. One subject per session lets anyone see whether a start is
+	// still queued (the work queue keeps it until a driver, having claimed
+	// the owner key, acks it).
+	SubjectCmdStartPrefix = "runner.cmd.start."
+	SubjectCmdAdopt       = "runner.cmd.adopt"
+	SubjectCmdAll         = "runner.cmd.>"
+	SubjectCtlPrefix      = "runner.ctl."
+	SubjectWSPrefix       = "runner.ws."
 )
 
 // Consumers.
@@ -99,6 +107,9 @@ func IOSubject(sessionID, app string) string { return SubjectIOPrefix + sessionI
 
 // IOSubjects matches every app channel of a session.
 func IOSubjects(sessionID string) string { return SubjectIOPrefix + sessionID + ".>" }
+
+// CmdStartSubject is the start command subject of a session.
+func CmdStartSubject(sessionID string) string { return SubjectCmdStartPrefix + sessionID }
 
 // CtlSubject is the control subject of one verb for a session.
 func CtlSubject(sessionID, verb string) string { return SubjectCtlPrefix + sessionID + "." + verb }

@@ -24,8 +24,13 @@ type Record struct {
 	ExitedAt    *time.Time      `json:"exitedAt,omitempty"`
 	IdleSince   *time.Time      `json:"idleSince,omitempty"`
 	SuspendedAt *time.Time      `json:"suspendedAt,omitempty"`
-	UserStopped bool            `json:"userStopped,omitempty"`
-	Launch      Launch          `json:"launch"`
+	// StartRequestedAt is when a start command was last requested
+	// (create, resume). The supervisor leaves a starting session with no
+	// owner alone for a grace after it: the command may still be on its
+	// way to the queue.
+	StartRequestedAt *time.Time `json:"startRequestedAt,omitempty"`
+	UserStopped      bool       `json:"userStopped,omitempty"`
+	Launch           Launch     `json:"launch"`
 	// Workspace is the base URL of a watch session's live workspace
 	// server ("" while it has none).
 	Workspace string `json:"workspace,omitempty"`

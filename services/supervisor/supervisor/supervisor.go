@@ -39,8 +39,9 @@ type Config struct {
 	// Tick is the reconcile period (contract 13.1: 5 s;
 	// RUNNER_SUPERVISOR_TICK_MS).
 	Tick time.Duration
-	// AdoptAfter is how long a starting session may have no owner before
-	// adoption is requested (its start command may still be queued).
+	// AdoptAfter is how long after its start was requested a starting
+	// session with no owner and no queued start command is left alone
+	// (the edge records `starting` before it publishes the command).
 	AdoptAfter time.Duration
 	// GCEvery is how often unreferenced blobs are collected.
 	GCEvery time.Duration
@@ -58,7 +59,7 @@ func (c Config) withDefaults() Config {
 	def(&c.CheckpointEvery, 30*time.Second)
 	def(&c.SuspendedTTL, 24*time.Hour)
 	def(&c.Tick, 5*time.Second)
-	def(&c.AdoptAfter, 2*time.Minute)
+	def(&c.AdoptAfter, 30*time.Second)
 	def(&c.GCEvery, 10*time.Minute)
 	if c.ID == "" {
 		c.ID = "supervisor-" + nuid.Next()
@@ -101,7 +102,11 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	if err != nil {
 		return err
 	}
-	s := &sup{cfg: cfg, nc: d.NC, store: store, cps: cps, log: log, now: d.Now,
+	cmds, err := js.Stream(ctx, bus.StreamCmd)
+	if err != nil {
+		return fmt.Errorf("open stream %s: %w", bus.StreamCmd, err)
+	}
+	s := &sup{cfg: cfg, nc: d.NC, store: store, cps: cps, cmds: cmds, log: log, now: d.Now,
 		busy: map[string]bool{}, lastCheckpoint: map[string]time.Time{}, m: newMetrics(d.Registry)}
 	t := time.NewTicker(cfg.Tick)
 	defer t.Stop()
@@ -126,6 +131,7 @@ type sup struct {
 	nc        *nats.Conn
 	store     *session.Store
 	cps       *checkpoint.Store
+	cmds      jetstream.Stream // RUNNER_CMD: queued start commands
 	log       *slog.Logger
 	now       func() time.Time
 	m         metrics
@@ -219,15 +225,38 @@ func (s *sup) reconcileOne(ctx context.Context, rec session.Record) {
 }
 
 // owned reports whether a live session has an owner, and asks the drivers
-// to adopt it when it has none (ARCHITECTURE §3).
+// to adopt it when it has none and no start is in flight (ARCHITECTURE
+// §3): the decision comes from ownership, never from the session's age.
+//
+// A start is in flight while its command is on the work queue (queued, or
+// delivered and not yet acked) or its owner key exists. A driver creates
+// the owner key before it acks the command and before anything slow, so
+// looking at the queue first and at the key second never misses a start
+// moving from one to the other. Only a starting session whose start was
+// requested less than AdoptAfter ago is also left alone: the edge writes
+// `starting` before it publishes the command.
 func (s *sup) owned(ctx context.Context, rec session.Record) bool {
+	queued, err := s.startQueued(ctx, rec.ID)
+	if err != nil {
+		s.log.Warn("look for a queued start", "session", rec.ID, "err", err)
+		return false
+	}
+	if queued {
+		return false
+	}
 	if _, err := s.store.Owners.Get(ctx, rec.ID); err == nil {
 		return true
 	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return false
 	}
-	if rec.Status.Kind == contract.StatusStarting && s.now().Sub(rec.CreatedAt) < s.cfg.AdoptAfter {
-		return false // its start command may still be on the queue
+	if rec.Status.Kind == contract.StatusStarting {
+		requested := rec.CreatedAt
+		if rec.StartRequestedAt != nil {
+			requested = *rec.StartRequestedAt
+		}
+		if s.now().Sub(requested) < s.cfg.AdoptAfter {
+			return false // its start command may still be on its way
+		}
 	}
 	msg := &nats.Msg{Subject: bus.SubjectCmdAdopt, Data: []byte(rec.ID), Header: nats.Header{}}
 	msg.Header.Set(bus.HeaderSession, rec.ID)
@@ -239,6 +268,15 @@ func (s *sup) owned(ctx context.Context, rec session.Record) bool {
 		s.log.Info("requested adoption of an ownerless session", "session", rec.ID)
 	}
 	return false
+}
+
+// startQueued reports whether a start command for id is on the work queue.
+func (s *sup) startQueued(ctx context.Context, id string) (bool, error) {
+	_, err := s.cmds.GetLastMsgForSubject(ctx, bus.CmdStartSubject(id))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 // watchPolicy applies 13.1 to a running watch session: suspend when idle,

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
 	"github.com/telorunner/telorunner/pkg/bus"
@@ -188,4 +189,104 @@ func leaderRev(t *testing.T, e env) uint64 {
 		return 0
 	}
 	return v.Revision()
+}
+
+// ticks waits until the active supervisor finished n more reconciles.
+func ticks(t *testing.T, e env, n int) {
+	t.Helper()
+	for range n {
+		rev := leaderRev(t, e)
+		testkit.Eventually(t, 10*time.Second, func() bool { return leaderRev(t, e) > rev }, "another tick")
+	}
+}
+
+func publish(t *testing.T, e env, subject, id string) {
+	t.Helper()
+	js, err := jetstream.New(e.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := &nats.Msg{Subject: subject, Data: []byte(id), Header: nats.Header{}}
+	msg.Header.Set(bus.HeaderSession, id)
+	if _, err := js.PublishMsg(context.Background(), msg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A session resumed long after it was created whose start is slow — its
+// command still queued, or taken by a driver that holds the owner key
+// while the workload comes up — is never adopted, however old it is and
+// however long the start takes.
+func TestSlowStartOfResumedSessionIsNeverAdopted(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	old := time.Now().Add(-time.Hour).UTC()
+	starting := contract.Status{Kind: contract.StatusStarting}
+	const queued, claimed = "ffffffffffff", "gggggggggggg"
+	for _, id := range []string{queued, claimed} {
+		if err := e.store.Create(ctx, session.Record{ID: id, Mode: contract.ModeWatch, Status: starting, CreatedAt: old, StartRequestedAt: &old}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish(t, e, bus.CmdStartSubject(queued), queued) // no driver takes it yet
+	// A driver took the other one: it holds the owner key (renewed, as a
+	// live driver does) while its start takes long.
+	rev, err := e.store.Owners.Create(ctx, claimed, []byte("driver-a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	adopts, err := e.nc.SubscribeSync(bus.SubjectCmdAdopt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.run(t, Config{Tick: 50 * time.Millisecond, AdoptAfter: 10 * time.Millisecond})
+	deadline := time.Now().Add(3 * e.lim.OwnerTTL)
+	for time.Now().Before(deadline) {
+		ticks(t, e, 1)
+		if rev, err = e.store.Owners.Update(ctx, claimed, []byte("driver-a"), rev); err != nil {
+			t.Fatalf("renew owner key: %v", err)
+		}
+	}
+	if m, err := adopts.NextMsg(10 * time.Millisecond); err == nil {
+		t.Fatalf("adoption requested for %q during a slow start", m.Data)
+	}
+}
+
+// A session whose driver died (its owner key expired, nothing queued) is
+// adopted, within the owner TTL plus a tick; so is a starting session
+// whose start command was lost, once the grace after its request passed.
+func TestSessionWhoseOwnerDiedIsAdopted(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	now := time.Now().UTC()
+	const died, lost = "hhhhhhhhhhhh", "iiiiiiiiiiii"
+	if err := e.store.Create(ctx, session.Record{ID: died, Mode: contract.ModeWatch, Status: contract.Status{Kind: contract.StatusRunning}, CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.store.Owners.Create(ctx, died, []byte("driver-gone")); err != nil {
+		t.Fatal(err)
+	}
+	requested := now.Add(-time.Minute)
+	if err := e.store.Create(ctx, session.Record{ID: lost, Mode: contract.ModeWatch, Status: contract.Status{Kind: contract.StatusStarting}, CreatedAt: now, StartRequestedAt: &requested}); err != nil {
+		t.Fatal(err)
+	}
+	adopts, err := e.nc.SubscribeSync(bus.SubjectCmdAdopt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	e.run(t, Config{Tick: 50 * time.Millisecond, AdoptAfter: 30 * time.Second})
+	seen := map[string]time.Duration{}
+	for len(seen) < 2 {
+		m, err := adopts.NextMsg(10 * time.Second)
+		if err != nil {
+			t.Fatalf("adoption requests = %v, want both %s and %s: %v", seen, died, lost, err)
+		}
+		if _, ok := seen[string(m.Data)]; !ok {
+			seen[string(m.Data)] = time.Since(start)
+		}
+	}
+	if took := seen[died]; took < e.lim.OwnerTTL/2 || took > 2*e.lim.OwnerTTL+time.Second {
+		t.Fatalf("adoption of the session whose owner died after %v, want once its key expired (TTL %v)", took, e.lim.OwnerTTL)
+	}
 }

@@ -320,8 +320,8 @@ func TestCreateResponse(t *testing.T) {
 	if err != nil {
 		t.Fatalf("next start command: %v", err)
 	}
-	if msg.Subject() != bus.SubjectCmdStart || string(msg.Data()) != id || msg.Headers().Get(bus.HeaderSession) != id {
-		t.Errorf("command = %s %q (session %q), want %s %q", msg.Subject(), msg.Data(), msg.Headers().Get(bus.HeaderSession), bus.SubjectCmdStart, id)
+	if msg.Subject() != bus.CmdStartSubject(id) || string(msg.Data()) != id || msg.Headers().Get(bus.HeaderSession) != id {
+		t.Errorf("command = %s %q (session %q), want %s %q", msg.Subject(), msg.Data(), msg.Headers().Get(bus.HeaderSession), bus.CmdStartSubject(id), id)
 	}
 }
 

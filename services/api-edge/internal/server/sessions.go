@@ -195,7 +195,7 @@ func (s *Server) admitAndStart(c *gin.Context, mode string, apps []session.App, 
 	}
 	rec := session.Record{
 		ID: id, Mode: mode, Status: contract.Status{Kind: contract.StatusStarting},
-		Apps: apps, CreatedAt: now, IdleSince: &now, Launch: launch,
+		Apps: apps, CreatedAt: now, IdleSince: &now, Launch: launch, StartRequestedAt: &now,
 	}
 	if launch.AgentSpec != nil {
 		rec.Agent = launch.AgentSpec.Name
@@ -223,7 +223,7 @@ func (s *Server) admitAndStart(c *gin.Context, mode string, apps []session.App, 
 }
 
 func (s *Server) publishStart(ctx context.Context, id string) error {
-	msg := &nats.Msg{Subject: bus.SubjectCmdStart, Data: []byte(id), Header: nats.Header{}}
+	msg := &nats.Msg{Subject: bus.CmdStartSubject(id), Data: []byte(id), Header: nats.Header{}}
 	msg.Header.Set(bus.HeaderSession, id)
 	msg.Header.Set(jetstream.MsgIDHeader, "start-"+id+"-"+nuid.Next())
 	if _, err := s.store.JS.PublishMsg(ctx, msg); err != nil {

@@ -347,6 +347,7 @@ func (s *Server) resume(c *gin.Context) {
 		// A resumed session gets a fresh idle window (13.2).
 		now := time.Now().UTC()
 		r.Workspace, r.IdleSince, r.SuspendedAt = "", &now, nil
+		r.StartRequestedAt = &now
 		return nil
 	})
 	if err != nil {

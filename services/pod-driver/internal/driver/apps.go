@@ -36,15 +36,23 @@ func (o *owned) checkpointNow(ctx context.Context) error {
 // channels, new ones start at 0, every next generation is `resume`), then
 // recreate the workload, which restores the checkpoint before any app
 // starts. A checkpoint failure changes nothing.
+//
+// Changes of one session run one at a time; a stop or suspend that comes
+// meanwhile wins (the change then finds no live workload).
 func (o *owned) changeApps(change session.AppsChange) error {
-	o.mu.Lock()
-	live := o.w != nil && o.next == intentNone
-	o.mu.Unlock()
-	if !live {
-		return errors.New("the session has no live workload")
+	o.appsMu.Lock()
+	defer o.appsMu.Unlock()
+	if !o.live() {
+		return errNotLive
 	}
 	if err := o.checkpointNow(o.ctx); err != nil {
+		if !o.live() {
+			return errNotLive
+		}
 		return err
+	}
+	if !o.live() {
+		return errNotLive
 	}
 	var removed []string
 	rec, err := o.store.Update(context.Background(), o.id, func(r *session.Record) error {
@@ -86,6 +94,16 @@ func (o *owned) changeApps(change session.AppsChange) error {
 	return o.end(context.Background(), intentRecreate)
 }
 
+// errNotLive: the session has no live workload (starting, ending, ended).
+var errNotLive = errors.New("the session has no live workload")
+
+// live reports whether the workload runs and nothing asked it to end.
+func (o *owned) live() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.w != nil && o.next == intentNone && o.ctx.Err() == nil
+}
+
 // resetChannels opens pumps for new apps and drops the channels of removed
 // ones: their bytes and counters are discarded, so an app added back later
 // starts over (7.5).
@@ -93,7 +111,7 @@ func (o *owned) resetChannels(rec session.Record, removed []string) {
 	o.pumpMu.Lock()
 	defer o.pumpMu.Unlock()
 	for _, a := range rec.Apps {
-		if _, ok := o.pumps[a.Name]; !ok {
+		if _, ok := o.pumps[a.Name]; !ok && !o.pumpsClosed {
 			o.pumps[a.Name] = iopump.New(o.store.IO, bus.IOSubject(o.id, a.Name), 0, o.log)
 		}
 	}

@@ -84,7 +84,7 @@ func newPortsEnv(t *testing.T) *portsEnv {
 		log: slog.New(slog.NewTextHandler(io.Discard, nil)), events: make(chan contract.Event, 64), evDone: make(chan struct{})}
 	go o.emitLoop()
 	t.Cleanup(func() {
-		close(o.events)
+		o.closeEvents()
 		<-o.evDone
 		cancel()
 	})

@@ -97,6 +97,11 @@ func (d *Driver) plan(rec session.Record, adopt bool) recoverPlan {
 	}
 	rc, ok := d.o.Backend.(recoverer)
 	switch {
+	case !ok && rec.Status.Kind == contract.StatusStarting:
+		// An adopt that won the race with a queued or resumed start:
+		// nothing ran that could be lost; the start command then finds
+		// the owner key.
+		return planStart
 	case !ok:
 		return planLost
 	case rec.Mode == contract.ModeWatch:

@@ -33,13 +33,28 @@ type owned struct {
 	ctx    context.Context // ends when the session is released
 	cancel context.CancelFunc
 
-	pumpMu sync.Mutex
-	pumps  map[string]*iopump.Pump
-	proj   *projection.Projection
+	pumpMu      sync.Mutex
+	pumps       map[string]*iopump.Pump
+	pumpsClosed bool // the session ended: no new pump opens
+	proj        *projection.Projection
 
 	events  chan contract.Event // ordered emission queue
 	evDone  chan struct{}
 	flushMu sync.Mutex
+	// evMu guards sends on events against its close: senders hold it
+	// shared, the close exclusively, so nothing enqueues into a closed
+	// session (an event after the end is dropped).
+	evMu     sync.RWMutex
+	evClosed bool
+
+	// Control requests that may take long (stop, suspend, apps) run on
+	// their own goroutines so they never hold up stdin, resize or each
+	// other; ctlWG counts them and ctlClosed refuses new ones once the
+	// session is ending (lock order: ctlMu before nothing).
+	ctlMu     sync.Mutex
+	ctlClosed bool
+	ctlWG     sync.WaitGroup
+	appsMu    sync.Mutex // one app-set change at a time
 
 	mu sync.Mutex
 	w  backend.Workload
@@ -188,14 +203,27 @@ func (o *owned) run(ownerRev uint64) {
 
 	final := o.lifecycle()
 
+	// Control requests still running end with the session's context and
+	// answer (new ones are refused), so nothing they report can follow
+	// the terminal status.
+	o.ctlMu.Lock()
+	o.ctlClosed = true
+	o.ctlMu.Unlock()
+	o.cancel()
+	o.ctlWG.Wait()
+
 	// Everything the workload wrote and reported lands before the
 	// terminal status.
 	o.pumpMu.Lock()
+	o.pumpsClosed = true
 	for _, p := range o.pumps {
 		p.Close()
 	}
 	o.pumpMu.Unlock()
-	o.flush()
+	// Close the event queue and let it drain: nothing this owner reports
+	// can follow the terminal status.
+	o.closeEvents()
+	<-o.evDone
 	if final != nil && !o.lost.Load() {
 		var mark func(*session.Record) error
 		if final.Kind == contract.StatusSuspended {
@@ -212,9 +240,6 @@ func (o *owned) run(ownerRev uint64) {
 	if svc != nil {
 		_ = svc.Stop()
 	}
-	close(o.events)
-	<-o.evDone
-	o.cancel()
 	<-renewDone
 	if !o.lost.Load() {
 		_ = o.store.Owners.Delete(context.Background(), o.id, jetstream.LastRevision(o.ownerRev.Load()))
@@ -482,8 +507,33 @@ func (o *owned) renew(rev uint64) {
 	}
 }
 
-// enqueue queues an event for ordered emission.
-func (o *owned) enqueue(ev contract.Event) { o.events <- ev }
+// enqueue queues an event for ordered emission; after the session ended
+// it drops it.
+func (o *owned) enqueue(ev contract.Event) { o.send(ev) }
+
+// send queues ev and reports whether the queue was still open.
+func (o *owned) send(ev contract.Event) bool {
+	o.evMu.RLock()
+	defer o.evMu.RUnlock()
+	if o.evClosed {
+		if ev.Type != "" {
+			o.log.Debug("event after the session ended dropped", "type", ev.Type)
+		}
+		return false
+	}
+	o.events <- ev
+	return true
+}
+
+// closeEvents ends the emission queue once every sender is out.
+func (o *owned) closeEvents() {
+	o.evMu.Lock()
+	defer o.evMu.Unlock()
+	if !o.evClosed {
+		o.evClosed = true
+		close(o.events)
+	}
+}
 
 // emitLoop appends queued events in order.
 func (o *owned) emitLoop() {
@@ -502,7 +552,10 @@ func (o *owned) emitLoop() {
 // flush waits until every queued event was appended.
 func (o *owned) flush() {
 	o.flushMu.Lock()
-	o.events <- contract.Event{}
+	if !o.send(contract.Event{}) {
+		o.flushMu.Unlock() // closed: everything queued was appended
+		return
+	}
 	o.flushMu.Lock() // unlocked by emitLoop at the marker
 	o.flushMu.Unlock()
 }
@@ -525,21 +578,64 @@ func (o *owned) serveCtl() (micro.Service, error) {
 	return svc, nil
 }
 
+// handleCtl answers one control request. stdin and resize are quick and
+// stay in order on the subscription's goroutine; stop, suspend and apps
+// may take long (a checkpoint, a workload's stop) and run on their own, so
+// a DELETE or keystrokes never wait behind a PUT apps. A request that
+// arrives while the session is ending gets a clean answer.
 func (o *owned) handleCtl(req micro.Request) {
+	verb := bus.CtlVerb(req.Subject())
+	switch verb {
+	case bus.CtlStdin, bus.CtlResize:
+		o.handleIO(req, verb)
+		return
+	}
+	o.ctlMu.Lock()
+	if o.ctlClosed {
+		o.ctlMu.Unlock()
+		o.answerEnded(req, verb)
+		return
+	}
+	o.ctlWG.Add(1)
+	o.ctlMu.Unlock()
+	go func() {
+		defer o.ctlWG.Done()
+		o.handleSlow(req, verb)
+	}()
+}
+
+func (o *owned) handleIO(req micro.Request, verb string) {
 	app := req.Headers().Get(bus.HeaderApp)
 	o.mu.Lock()
 	w := o.w
 	o.mu.Unlock()
-	switch bus.CtlVerb(req.Subject()) {
+	if w == nil {
+		return
+	}
+	switch verb {
 	case bus.CtlStdin:
-		if w != nil {
-			_ = w.Stdin(app, req.Data())
-		}
+		_ = w.Stdin(app, req.Data())
 	case bus.CtlResize:
 		var sz struct{ Cols, Rows int }
-		if w != nil && json.Unmarshal(req.Data(), &sz) == nil {
+		if json.Unmarshal(req.Data(), &sz) == nil {
 			_ = w.Resize(app, sz.Cols, sz.Rows)
 		}
+	}
+}
+
+// answerEnded answers a request for a session that is ending: a stop is
+// done (the session ends anyway), anything else finds no live workload.
+func (o *owned) answerEnded(req micro.Request, verb string) {
+	switch verb {
+	case bus.CtlStop:
+		respondOK(req)
+	default:
+		respondErr(req, "not_running", "the session has no live workload")
+	}
+}
+
+func (o *owned) handleSlow(req micro.Request, verb string) {
+	switch verb {
 	case bus.CtlStop:
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
@@ -564,11 +660,15 @@ func (o *owned) handleCtl(req micro.Request) {
 			respondErr(req, "invalid_request", "undecodable app set")
 			return
 		}
-		if err := o.changeApps(change); err != nil {
+		err := o.changeApps(change)
+		switch {
+		case errors.Is(err, errNotLive):
+			respondErr(req, "not_running", err.Error())
+		case err != nil:
 			respondErr(req, "set_apps_failed", err.Error())
-			return
+		default:
+			respondOK(req)
 		}
-		respondOK(req)
 	default:
 		respondErr(req, "invalid_request", "unknown control verb")
 	}

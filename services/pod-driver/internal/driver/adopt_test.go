@@ -1,0 +1,71 @@
+package driver
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/pkg/session"
+)
+
+// statusKinds lists the status events of a session, in order.
+func (e *driverEnv) statusKinds(t *testing.T, id string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	subject := bus.EventsSubject(id)
+	tail, err := e.store.Events.Tail(ctx, subject)
+	if err != nil || tail == 0 {
+		return nil
+	}
+	r, err := e.store.Events.Read(ctx, subject, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var kinds []string
+	for {
+		ent, _, _, err := r.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ev contract.Event
+		if json.Unmarshal(ent.Data, &ev) == nil && ev.Type == contract.EventStatus {
+			kinds = append(kinds, ev.Status.Kind)
+		}
+		if ent.Seq >= tail {
+			return kinds
+		}
+	}
+}
+
+// A resumed (or queued) session gets an adopt request racing its start
+// command, in either order: it runs, it is never failed "workload lost".
+func TestAdoptRacingStartOfResumedSessionStartsIt(t *testing.T) {
+	e := newDriverEnv(t)
+	resumed := func(r *session.Record) {
+		r.CreatedAt = time.Now().Add(-time.Hour).UTC() // an old session, resumed now
+		r.Apps[0].Generation, r.Apps[0].Trigger = 3, contract.TriggerResume
+	}
+	for _, order := range [][]string{
+		{bus.SubjectCmdAdopt, bus.SubjectCmdStart},
+		{bus.SubjectCmdStart, bus.SubjectCmdAdopt},
+		{bus.SubjectCmdAdopt}, // the start command was lost
+	} {
+		id := e.watchSession(t, contract.Status{Kind: contract.StatusStarting}, resumed)
+		for _, subject := range order {
+			e.command(t, startOrAdopt(subject, id), id)
+		}
+		e.waitStatus(t, id, contract.StatusRunning)
+		// (An adopt that wins may take the recovery path, which records
+		// starting again first; it never records failed.)
+		kinds := e.statusKinds(t, id)
+		if len(kinds) == 0 || kinds[len(kinds)-1] != contract.StatusRunning || slices.Contains(kinds, contract.StatusFailed) {
+			t.Fatalf("%v: status events = %v, want ending running, never failed", order, kinds)
+		}
+	}
+}
