@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/obs"
 	"github.com/telorunner/telorunner/pkg/version"
 )
@@ -18,6 +19,10 @@ type Env struct {
 	NC       *nats.Conn
 	Logger   *slog.Logger
 	Registry *prometheus.Registry
+	// Limits are the bus limits from the environment (bus.LoadLimits):
+	// replicas, replay window, owner and presence TTLs. Every service
+	// passes them on, so all provision and use the same bus.
+	Limits bus.Limits
 }
 
 // Main is the body of every standalone service's main: `<name> version`
@@ -33,6 +38,11 @@ func Main(name string, configErr error, serve func(ctx context.Context, env Env)
 	}
 	if configErr != nil {
 		fmt.Fprintln(os.Stderr, configErr)
+		os.Exit(2)
+	}
+	limits, err := bus.LoadLimits(os.LookupEnv)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
 	url := os.Getenv("RUNNER_NATS_URL")
@@ -55,7 +65,7 @@ func Main(name string, configErr error, serve func(ctx context.Context, env Env)
 		g.Go("ops", func(ctx context.Context) error { return obs.Serve(ctx, os.Getenv("RUNNER_OPS_ADDR"), reg, nil) })
 		g.Go(name, func(ctx context.Context) error {
 			defer g.Cancel()
-			return serve(ctx, Env{NC: nc, Logger: log, Registry: reg})
+			return serve(ctx, Env{NC: nc, Logger: log, Registry: reg, Limits: limits})
 		})
 		if err := g.Wait(); err != nil {
 			log.Error("service stopped", "service", name, "err", err)

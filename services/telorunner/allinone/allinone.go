@@ -29,10 +29,14 @@ import (
 
 // Config is the all-in-one configuration.
 type Config struct {
-	NATSURL    string // RUNNER_NATS_URL: external NATS; empty = embedded
-	DataDir    string // RUNNER_DATA_DIR: embedded store and session dirs (./.telorunner)
-	NATSPort   int    // RUNNER_NATS_PORT: embedded server port (-1 = random)
-	Replicas   int    // RUNNER_NATS_REPLICAS
+	NATSURL  string // RUNNER_NATS_URL: external NATS; empty = embedded
+	DataDir  string // RUNNER_DATA_DIR: embedded store and session dirs (./.telorunner)
+	NATSPort int    // RUNNER_NATS_PORT: embedded server port (-1 = random)
+	Sync     Sync   // RUNNER_NATS_SYNC: embedded server's fsync policy
+	// Limits are the bus limits (bus.LoadLimits: RUNNER_NATS_REPLICAS,
+	// RUNNER_REPLAY_BUFFER_BYTES, RUNNER_OWNER_TTL_MS),
+	// the same every standalone service reads.
+	Limits     bus.Limits
 	Edge       edge.Config
 	Driver     driver.Config
 	Supervisor supervisor.Config
@@ -41,7 +45,7 @@ type Config struct {
 // LoadConfig reads every service's configuration from the environment.
 func LoadConfig(lookup func(string) (string, bool)) (Config, error) {
 	get := func(k string) string { v, _ := lookup(k); return strings.TrimSpace(v) }
-	c := Config{NATSURL: get("RUNNER_NATS_URL"), DataDir: get("RUNNER_DATA_DIR"), NATSPort: -1, Replicas: 1}
+	c := Config{NATSURL: get("RUNNER_NATS_URL"), DataDir: get("RUNNER_DATA_DIR"), NATSPort: -1}
 	if c.DataDir == "" {
 		c.DataDir = ".telorunner"
 	}
@@ -52,14 +56,13 @@ func LoadConfig(lookup func(string) (string, bool)) (Config, error) {
 		}
 		c.NATSPort = n
 	}
-	if v := get("RUNNER_NATS_REPLICAS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 5 {
-			return c, fmt.Errorf("RUNNER_NATS_REPLICAS: must be 1 to 5, got %q", v)
-		}
-		c.Replicas = n
-	}
 	var err error
+	if c.Limits, err = bus.LoadLimits(lookup); err != nil {
+		return c, err
+	}
+	if c.Sync, err = ParseSync(get("RUNNER_NATS_SYNC")); err != nil {
+		return c, err
+	}
 	if c.Edge, err = edge.LoadConfig(lookup); err != nil {
 		return c, err
 	}
@@ -95,7 +98,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	}
 	url := cfg.NATSURL
 	if url == "" {
-		ns, err := startNATS(filepath.Join(cfg.DataDir, "nats"), cfg.NATSPort)
+		ns, err := startNATS(filepath.Join(cfg.DataDir, "nats"), cfg.NATSPort, cfg.Sync)
 		if err != nil {
 			return err
 		}
@@ -104,10 +107,12 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 			ns.WaitForShutdown()
 		}()
 		url = ns.ClientURL()
-		log.Info("embedded nats with jetstream", "url", url, "store", filepath.Join(cfg.DataDir, "nats"))
+		log.Info("embedded nats with jetstream", "url", url, "store", filepath.Join(cfg.DataDir, "nats"), "sync", cfg.Sync.String())
 	}
-	// One owner TTL for every service: it is the owners bucket's TTL.
-	lim := bus.Limits{Replicas: cfg.Replicas, ReplayBytes: cfg.Edge.ReplayBufferBytes, OwnerTTL: cfg.Driver.OwnerTTL}
+	// One set of bus limits for every service (the owner TTL is the owners
+	// bucket's TTL; bus.LoadLimits and the driver read the same variable).
+	lim := cfg.Limits
+	lim.ReplayBytes = cfg.Edge.ReplayBufferBytes
 	conns := map[string]*nats.Conn{}
 	for _, name := range []string{"api-edge", "pod-driver", "supervisor", "workspace-proxy"} {
 		nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1))
@@ -154,13 +159,14 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	return g.WaitTimeout(60 * time.Second)
 }
 
-func startNATS(dir string, port int) (*server.Server, error) {
+func startNATS(dir string, port int, sync Sync) (*server.Server, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("RUNNER_DATA_DIR: %w", err)
 	}
 	s, err := server.NewServer(&server.Options{
 		ServerName: "telorunner", Host: "127.0.0.1", Port: port,
 		JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true,
+		SyncInterval: sync.Interval, SyncAlways: sync.Always,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)

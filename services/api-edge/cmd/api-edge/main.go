@@ -13,6 +13,6 @@ import (
 func main() {
 	cfg, err := edge.LoadConfig(os.LookupEnv)
 	run.Main("api-edge", err, func(ctx context.Context, env run.Env) error {
-		return edge.Run(ctx, cfg, edge.Deps{NC: env.NC, Logger: env.Logger, Registry: env.Registry})
+		return edge.Run(ctx, cfg, edge.Deps{NC: env.NC, Logger: env.Logger, Registry: env.Registry, Limits: env.Limits})
 	})
 }

@@ -13,6 +13,6 @@ import (
 func main() {
 	cfg, err := driver.LoadConfig(os.LookupEnv)
 	run.Main("pod-driver", err, func(ctx context.Context, env run.Env) error {
-		return driver.Run(ctx, cfg, driver.Deps{NC: env.NC, Logger: env.Logger, Registry: env.Registry})
+		return driver.Run(ctx, cfg, driver.Deps{NC: env.NC, Logger: env.Logger, Registry: env.Registry, Limits: env.Limits})
 	})
 }

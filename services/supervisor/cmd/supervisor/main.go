@@ -13,6 +13,6 @@ import (
 func main() {
 	cfg, err := supervisor.LoadConfig(os.LookupEnv)
 	run.Main("supervisor", err, func(ctx context.Context, env run.Env) error {
-		return supervisor.Run(ctx, cfg, supervisor.Deps{NC: env.NC, Logger: env.Logger, Registry: env.Registry})
+		return supervisor.Run(ctx, cfg, supervisor.Deps{NC: env.NC, Logger: env.Logger, Registry: env.Registry, Limits: env.Limits})
 	})
 }

@@ -11,6 +11,6 @@ import (
 
 func main() {
 	run.Main("workspace-proxy", nil, func(ctx context.Context, env run.Env) error {
-		return proxy.Run(ctx, proxy.Config{}, proxy.Deps{NC: env.NC, Logger: env.Logger})
+		return proxy.Run(ctx, proxy.Config{}, proxy.Deps{NC: env.NC, Logger: env.Logger, Limits: env.Limits})
 	})
 }
