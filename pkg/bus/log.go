@@ -95,9 +95,10 @@ func (l *Log) Forget(subject string) {
 // de-duplicated by JetStream (within the stream's 2-minute duplicate
 // window) and reported as the entry it already is; the expected-last-
 // subject-sequence check that makes the retry look stale is resolved by
-// reading the tail and trying again with the same id. A caller that
-// retries a failed Append should pass the same Nats-Msg-Id header so the
-// retry cannot store the entry twice.
+// reading the tail and trying again with the same id. Append gives up
+// after a minute without an answer (or when ctx ends). A caller that
+// retries a failed Append should pass the same Nats-Msg-Id header, within
+// the duplicate window, so the retry cannot store the entry twice.
 //
 // Once the publish was acknowledged Append succeeds: trimming the window
 // afterwards is best effort (a failure is logged, counted by TrimFailures
@@ -121,6 +122,7 @@ func (l *Log) Append(ctx context.Context, subject string, data []byte, hdr nats.
 	}
 	msg := &nats.Msg{Subject: subject, Data: data, Header: hdr}
 	wait := 10 * time.Millisecond
+	first := time.Now()
 	for attempt := 0; ; attempt++ {
 		seq := t.lastSeq + 1
 		hdr.Set(HeaderSeq, strconv.FormatUint(seq, 10))
@@ -152,7 +154,11 @@ func (l *Log) Append(ctx context.Context, subject string, data []byte, hdr nats.
 			return 0, fmt.Errorf("append %s: %w", subject, err)
 		default:
 			// No answer (timeout, reconnecting): the entry may or may not
-			// be stored. Publish it again under the same id.
+			// be stored. Publish it again under the same id, but only
+			// while JetStream still remembers the id.
+			if time.Since(first) > retryWindow {
+				return 0, fmt.Errorf("append %s: no answer for %v: %w", subject, retryWindow, err)
+			}
 			tm := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
@@ -167,6 +173,11 @@ func (l *Log) Append(ctx context.Context, subject string, data []byte, hdr nats.
 		}
 	}
 }
+
+// retryWindow bounds how long Append publishes one entry again after
+// getting no answer: half the streams' 2-minute duplicate window, so every
+// retry of an entry that landed is still recognised as a duplicate.
+const retryWindow = time.Minute
 
 // landed returns the Runner-Seq of the entry stored at stream sequence
 // streamSeq (a de-duplicated publish) after bringing t up to the tail.
