@@ -289,4 +289,5 @@ func TestSessionWhoseOwnerDiedIsAdopted(t *testing.T) {
 	if took := seen[died]; took < e.lim.OwnerTTL/2 || took > 2*e.lim.OwnerTTL+time.Second {
 		t.Fatalf("adoption of the session whose owner died after %v, want once its key expired (TTL %v)", took, e.lim.OwnerTTL)
 	}
+	t.Logf("adoption requested %v after the owner's last renewal (owner TTL %v, tick 50ms)", seen[died], e.lim.OwnerTTL)
 }
