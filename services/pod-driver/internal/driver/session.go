@@ -450,6 +450,12 @@ func (o *owned) requestStop(ctx context.Context) error { return o.end(ctx, inten
 // no work is lost and they resume after the restart (19.1–19.3); if the
 // checkpoint cannot be taken they stop like run sessions.
 func (o *owned) shutdownStop() {
+	o.ctlMu.Lock()
+	ended := o.ctlClosed
+	o.ctlMu.Unlock()
+	if ended {
+		return // its workload is gone and its final status on the way
+	}
 	if o.rec.Mode == contract.ModeWatch && o.intent() == intentNone {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		err := o.checkpointNow(ctx)
@@ -464,7 +470,9 @@ func (o *owned) shutdownStop() {
 	}
 	o.shutdown.Store(true)
 	_, _ = o.store.Update(context.Background(), o.id, func(r *session.Record) error {
-		if r.UserStopped {
+		// A session that already ended or suspended keeps its record as
+		// it is: the flag would stop it at its next resume.
+		if r.UserStopped || r.Status.Terminal() || r.Status.Kind == contract.StatusSuspended {
 			return bus.ErrNoChange
 		}
 		r.UserStopped = true
