@@ -37,6 +37,11 @@ func parsePosition(s string) (uint64, bool) {
 	return n, true
 }
 
+// terminalEventGrace is how long a stream of a terminal session whose
+// status event is not in the log yet waits for it (the supervisor delivers
+// an outbox within about two ticks).
+const terminalEventGrace = 30 * time.Second
+
 // events is GET /v1/sessions/:id/events (section 6), served from the
 // session's event log: ids are the log's Runner-Seq.
 func (s *Server) events(c *gin.Context) {
@@ -87,19 +92,32 @@ func (s *Server) events(c *gin.Context) {
 	w.Flush()
 
 	st := &sseStream{w: w, last: after, first: true, buf: make([]byte, 0, 4096)}
-	if done, err := s.replay(ctx, st, subject, tail); done || err != nil || terminal {
+	if done, err := s.replay(ctx, st, subject, tail); done || err != nil {
 		return
 	}
-	s.m.sseClients.Inc()
-	defer s.m.sseClients.Dec()
-	release := s.presence.Acquire(id)
-	defer release()
+	var grace <-chan time.Time
+	if terminal {
+		// The record is terminal but its status event is not in the log
+		// yet: it is being appended, or waits in the record's outbox for
+		// the supervisor (its writer died). Follow until it arrives, for
+		// a while.
+		t := time.NewTimer(terminalEventGrace)
+		defer t.Stop()
+		grace = t.C
+	} else {
+		s.m.sseClients.Inc()
+		defer s.m.sseClients.Dec()
+		release := s.presence.Acquire(id)
+		defer release()
+	}
 
 	beat := time.NewTicker(heartbeatEvery)
 	defer beat.Stop()
 	for {
 		select {
 		case <-ctx.Done():
+			return
+		case <-grace:
 			return
 		case <-beat.C:
 			if _, err := w.Write([]byte(": heartbeat\n\n")); err != nil {
