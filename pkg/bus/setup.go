@@ -83,6 +83,9 @@ func StreamConfigs(l Limits) []jetstream.StreamConfig {
 			Storage:    jetstream.FileStorage,
 			Replicas:   l.Replicas,
 			Duplicates: 2 * time.Minute,
+			// The supervisor looks for a queued start of a session with a
+			// direct get of its subject (runner.cmd.start.<id>).
+			AllowDirect: true,
 		},
 	}
 }
