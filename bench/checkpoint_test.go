@@ -43,10 +43,8 @@ func newRig(tb testing.TB) *rig {
 	writeWorkspace(tb, dir)
 	m := &meter{next: &http.Transport{}}
 	srv := testkit.StartJetStream(tb)
-	nc, js := testkit.Connect(tb, srv)
-	if err := bus.Provision(tb.Context(), js, bus.Limits{}); err != nil {
-		tb.Fatalf("provision: %v", err)
-	}
+	testkit.Provision(tb, srv, bus.Limits{})
+	nc, js := testkit.Connect(tb, srv, bus.RoleProxy)
 	store, err := checkpoint.NewStore(tb.Context(), js, checkpoint.Options{})
 	if err != nil {
 		tb.Fatalf("checkpoint store: %v", err)

@@ -18,12 +18,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/testkit"
 	"github.com/telorunner/telorunner/services/pod-driver/kubetest"
+	"github.com/telorunner/telorunner/services/telorunner/allinone"
 )
 
 // Failover timing: what the figure is bounded by.
@@ -144,7 +142,9 @@ func failover(b *testing.B, vars map[string]string) {
 		}
 		procs := map[string]*proc{}
 		for _, id := range []string{"driver-a", "driver-b"} {
-			v := map[string]string{"RUNNER_DRIVER_ID": id}
+			dataDir := b.TempDir()
+			ns.WriteCredentials(b, allinone.CredentialsDir(dataDir)) // the process connects with the server's credentials
+			v := map[string]string{"RUNNER_DRIVER_ID": id, "RUNNER_DATA_DIR": dataDir}
 			for k, x := range common {
 				v[k] = x
 			}
@@ -162,11 +162,7 @@ func failover(b *testing.B, vars map[string]string) {
 		if !testkit.Poll(context.Background(), 60*time.Second, func() bool { return served(r.url, id) }) {
 			b.Fatal("session not running within 60s")
 		}
-		nc, err := nats.Connect(ns.ClientURL())
-		if err != nil {
-			b.Fatal(err)
-		}
-		js, _ := jetstream.New(nc)
+		nc, js := testkit.Connect(b, ns, bus.RoleSupervisor)
 		owners, err := js.KeyValue(context.Background(), bus.BucketOwners)
 		if err != nil {
 			b.Fatal(err)

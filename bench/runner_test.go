@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/session"
 	"github.com/telorunner/telorunner/pkg/testkit"
@@ -29,6 +30,7 @@ import (
 // runner is the all-in-one, in this process, on a random port.
 type runner struct {
 	url, natsURL string
+	dataDir      string
 }
 
 func startRunner(tb testing.TB, vars map[string]string) runner {
@@ -51,7 +53,7 @@ func startRunner(tb testing.TB, vars map[string]string) runner {
 		done <- allinone.Run(ctx, cfg, allinone.Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Listener: ln,
 			Ready: func(_ net.Addr, u string) { ready <- u }})
 	}()
-	r := runner{url: "http://" + ln.Addr().String()}
+	r := runner{url: "http://" + ln.Addr().String(), dataDir: vars["RUNNER_DATA_DIR"]}
 	select {
 	case r.natsURL = <-ready:
 	case err := <-done:
@@ -136,7 +138,16 @@ func BenchmarkSSEFanout(b *testing.B) {
 	const subscribers = 1000
 	r := startRunner(b, map[string]string{"RUNNER_WATCH_SESSIONS": "true"})
 	id := r.create(b, runSession("kind: Telo.Application\nmetadata:\n  name: quiet\n", true))
-	nc, err := nats.Connect(r.natsURL)
+	// Events are appended as the driver does, with its credential.
+	kp, err := bus.LoadSeed(bus.SeedFile(allinone.CredentialsDir(r.dataDir), bus.RoleDriver))
+	if err != nil {
+		b.Fatal(err)
+	}
+	auth, err := bus.ClientOptions(bus.RoleDriver, kp, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	nc, err := nats.Connect(r.natsURL, auth...)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -16,11 +16,8 @@ import (
 func setup(t *testing.T, l bus.Limits) jetstream.JetStream {
 	t.Helper()
 	s := testkit.StartJetStream(t)
-	_, js := testkit.Connect(t, s)
-	ctx := context.Background()
-	if err := bus.Provision(ctx, js, l); err != nil {
-		t.Fatalf("Provision() = %v", err)
-	}
+	testkit.Provision(t, s, l)
+	_, js := testkit.Connect(t, s, bus.RoleDriver)
 	return js
 }
 
@@ -191,12 +188,13 @@ func TestAppendAfterRestartContinuesSequence(t *testing.T) {
 
 func TestProvisionIdempotentWithLimits(t *testing.T) {
 	s := testkit.StartJetStream(t)
-	_, js := testkit.Connect(t, s)
+	_, prov := testkit.Connect(t, s, bus.RoleProvisioner)
+	_, js := testkit.Connect(t, s, testkit.Admin)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	l := bus.Limits{OwnerTTL: 9 * time.Second, MaxMsgsPerSubject: 1234}
 	for range 2 {
-		if err := bus.Provision(ctx, js, l); err != nil {
+		if err := bus.Provision(ctx, prov, l); err != nil {
 			t.Fatalf("Provision() = %v", err)
 		}
 	}
@@ -204,7 +202,7 @@ func TestProvisionIdempotentWithLimits(t *testing.T) {
 	if _, err := log.Append(ctx, bus.EventsSubject("eeeeeeeeeeee"), []byte("kept"), nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := bus.Provision(ctx, js, l); err != nil {
+	if err := bus.Provision(ctx, prov, l); err != nil {
 		t.Fatalf("third Provision() = %v", err)
 	}
 	for _, name := range []string{bus.StreamEvents, bus.StreamIO, bus.StreamCmd} {

@@ -2,7 +2,9 @@ package bus
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -145,5 +147,42 @@ func DriversConsumerConfig() jetstream.ConsumerConfig {
 		AckWait:       30 * time.Second,
 		MaxDeliver:    -1,
 		FilterSubject: SubjectCmdAll,
+	}
+}
+
+// WaitProvisioned waits until the bus is provisioned — the drivers'
+// consumer, which Provision creates last, exists — polling until ctx ends
+// or wait passes. Services call it at start instead of provisioning: only
+// the provisioner role may create streams (the all-in-one provisions at
+// boot; a standalone install runs `telorunner provision` first).
+func WaitProvisioned(ctx context.Context, js jetstream.JetStream, log *slog.Logger, wait time.Duration) error {
+	if log == nil {
+		log = slog.Default()
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	var last error
+	for logged := false; ; {
+		actx, acancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := js.Consumer(actx, StreamCmd, ConsumerDrivers)
+		acancel()
+		if err == nil {
+			return nil
+		}
+		last = err
+		if !logged {
+			log.Warn("bus not provisioned yet: waiting (run `telorunner provision` with the provisioner credential)", "err", err)
+			logged = true
+		}
+		t := time.NewTimer(250 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			if errors.Is(last, context.DeadlineExceeded) {
+				last = fmt.Errorf("%w (no answer: is this role allowed %s?)", last, "$JS.API.CONSUMER.INFO."+StreamCmd+"."+ConsumerDrivers)
+			}
+			return fmt.Errorf("bus not provisioned (stream %s, consumer %s; run `telorunner provision`): %w", StreamCmd, ConsumerDrivers, last)
+		case <-t.C:
+		}
 	}
 }

@@ -103,10 +103,8 @@ type env struct {
 func newEnv(t *testing.T) env {
 	t.Helper()
 	srv := testkit.StartJetStream(t)
-	nc, js := testkit.Connect(t, srv)
-	if err := bus.Provision(t.Context(), js, bus.Limits{}); err != nil {
-		t.Fatalf("Provision() = %v", err)
-	}
+	testkit.Provision(t, srv, bus.Limits{})
+	nc, js := testkit.Connect(t, srv, bus.RoleProxy)
 	return env{nc: nc, js: js}
 }
 

@@ -29,8 +29,10 @@ type Env struct {
 // prints the build's version and exits 0; configErr (from
 // loading its configuration) exits 2 naming the variable; then a signal
 // context, the logger (LOG_LEVEL, LOG_FORMAT), a NATS connection to
-// RUNNER_NATS_URL, the ops listener (RUNNER_OPS_ADDR) and serve. A failure
-// exits 1. It does not return.
+// RUNNER_NATS_URL (authenticated with the nkey seed in the file
+// RUNNER_NATS_NKEY_FILE as the service's bus role; empty = anonymous), the
+// ops listener (RUNNER_OPS_ADDR) and serve. A failure exits 1. It does not
+// return.
 func Main(name string, configErr error, serve func(ctx context.Context, env Env) error) {
 	if version.Requested(os.Args[1:]) {
 		version.Print(os.Stdout, name)
@@ -54,7 +56,12 @@ func Main(name string, configErr error, serve func(ctx context.Context, env Env)
 		ctx, stop := SignalContext()
 		defer stop()
 		log := obs.NewLogger(os.Stderr, os.Getenv("LOG_LEVEL"), os.Getenv("LOG_FORMAT"))
-		nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1))
+		auth, err := bus.SeedFileOptions(bus.ServiceRole(name), os.Getenv("RUNNER_NATS_NKEY_FILE"), log)
+		if err != nil {
+			log.Error("nats credential", "service", name, "err", err)
+			return 2
+		}
+		nc, err := nats.Connect(url, append(auth, nats.Name(name), nats.MaxReconnects(-1))...)
 		if err != nil {
 			log.Error("connect nats", "service", name, "err", err)
 			return 1

@@ -15,7 +15,7 @@ import (
 
 func openStore(t *testing.T) *session.Store {
 	t.Helper()
-	_, _, store := testkit.Session(t, bus.Limits{})
+	_, _, store := testkit.Session(t, bus.Limits{}, bus.RoleEdge)
 	return store
 }
 

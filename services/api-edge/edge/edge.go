@@ -71,7 +71,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	}
 	lim := d.Limits
 	lim.ReplayBytes = cfg.ReplayBufferBytes
-	if err := bus.Provision(ctx, js, lim); err != nil {
+	if err := bus.WaitProvisioned(ctx, js, log, time.Minute); err != nil {
 		return err
 	}
 	store, err := session.Open(ctx, js, cfg.ReplayBufferBytes)

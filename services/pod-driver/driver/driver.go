@@ -168,7 +168,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	if lim.OwnerTTL == 0 {
 		lim.OwnerTTL = cfg.OwnerTTL
 	}
-	if err := bus.Provision(ctx, js, lim); err != nil {
+	if err := bus.WaitProvisioned(ctx, js, log, time.Minute); err != nil {
 		return err
 	}
 	store, err := session.Open(ctx, js, cfg.ReplayBufferBytes)

@@ -91,7 +91,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-	if err := bus.Provision(ctx, js, d.Limits); err != nil {
+	if err := bus.WaitProvisioned(ctx, js, log, time.Minute); err != nil {
 		return err
 	}
 	store, err := session.Open(ctx, js, bus.Limits.Defaults(d.Limits).ReplayBytes)

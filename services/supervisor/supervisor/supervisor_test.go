@@ -26,16 +26,24 @@ func TestMain(m *testing.M) {
 }
 
 type env struct {
-	nc    *nats.Conn
-	store *session.Store
-	lim   bus.Limits
+	nc       *nats.Conn // the supervisor's
+	store    *session.Store
+	lim      bus.Limits
+	observer *nats.Conn // sees what the supervisor publishes (test-only identity)
 }
 
 func newEnv(t *testing.T) env {
 	t.Helper()
 	lim := bus.Limits{OwnerTTL: time.Second}
-	nc, _, store := testkit.Session(t, lim)
-	return env{nc: nc, store: store, lim: lim}
+	s := testkit.StartJetStream(t)
+	testkit.Provision(t, s, lim)
+	nc, js := testkit.Connect(t, s, bus.RoleSupervisor)
+	store, err := session.Open(context.Background(), js, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	observer, _ := testkit.Connect(t, s, testkit.Admin)
+	return env{nc: nc, store: store, lim: lim, observer: observer}
 }
 
 func (e env) run(t *testing.T, cfg Config) func() {
@@ -129,7 +137,7 @@ func TestOwnerlessSessionIsAdopted(t *testing.T) {
 	if err := e.store.Create(ctx, session.Record{ID: "dddddddddddd", Mode: contract.ModeRun, Status: contract.Status{Kind: contract.StatusRunning}, CreatedAt: now}); err != nil {
 		t.Fatal(err)
 	}
-	sub, err := e.nc.SubscribeSync(bus.SubjectCmdAdopt)
+	sub, err := e.observer.SubscribeSync(bus.SubjectCmdAdopt)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,9 @@ package allinone
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -17,8 +19,10 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/embednats"
 	"github.com/telorunner/telorunner/pkg/obs"
 	"github.com/telorunner/telorunner/pkg/run"
 	"github.com/telorunner/telorunner/services/api-edge/edge"
@@ -96,9 +100,10 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	if log == nil {
 		log = slog.Default()
 	}
+	credDir := CredentialsDir(cfg.DataDir)
 	url := cfg.NATSURL
 	if url == "" {
-		ns, err := startNATS(filepath.Join(cfg.DataDir, "nats"), cfg.NATSPort, cfg.Sync)
+		ns, err := startNATS(filepath.Join(cfg.DataDir, "nats"), credDir, cfg.NATSPort, cfg.Sync)
 		if err != nil {
 			return err
 		}
@@ -107,15 +112,17 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 			ns.WaitForShutdown()
 		}()
 		url = ns.ClientURL()
-		log.Info("embedded nats with jetstream", "url", url, "store", filepath.Join(cfg.DataDir, "nats"), "sync", cfg.Sync.String())
+		log.Info("embedded nats with jetstream", "url", url, "store", filepath.Join(cfg.DataDir, "nats"), "sync", cfg.Sync.String(), "credentials", credDir)
 	}
 	// One set of bus limits for every service (the owner TTL is the owners
 	// bucket's TTL; bus.LoadLimits and the driver read the same variable).
-	lim := cfg.Limits
-	lim.ReplayBytes = cfg.Edge.ReplayBufferBytes
+	lim := ProvisionLimits(cfg)
+	if err := provision(ctx, url, credDir, lim, log); err != nil {
+		return err
+	}
 	conns := map[string]*nats.Conn{}
 	for _, name := range []string{"api-edge", "pod-driver", "supervisor", "workspace-proxy"} {
-		nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1))
+		nc, err := connect(url, credDir, bus.ServiceRole(name), log, nats.Name(name), nats.MaxReconnects(-1))
 		if err != nil {
 			return fmt.Errorf("connect nats for %s: %w", name, err)
 		}
@@ -159,22 +166,69 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	return g.WaitTimeout(60 * time.Second)
 }
 
-func startNATS(dir string, port int, sync Sync) (*server.Server, error) {
+// CredentialsDir is where the all-in-one keeps each role's nkey seed
+// (<role>.nk): generated at the first start of the embedded server, reused
+// after.
+func CredentialsDir(dataDir string) string { return filepath.Join(dataDir, "credentials") }
+
+// ProvisionLimits are the bus limits the all-in-one provisions with (one
+// owner TTL for every service: it is the owners bucket's TTL).
+func ProvisionLimits(cfg Config) bus.Limits {
+	lim := cfg.Limits
+	lim.ReplayBytes = cfg.Edge.ReplayBufferBytes
+	return lim
+}
+
+// provision creates or updates every stream, bucket and object store as the
+// provisioner role; the services then run without those rights.
+func provision(ctx context.Context, url, credDir string, lim bus.Limits, log *slog.Logger) error {
+	nc, err := connect(url, credDir, bus.RoleProvisioner, log, nats.Name("provisioner"))
+	if err != nil {
+		return fmt.Errorf("connect nats as %s: %w", bus.RoleProvisioner, err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	return bus.Provision(pctx, js, lim)
+}
+
+// connect connects as role with its seed from credDir; with no seed file
+// there (an external server without authentication) it connects
+// anonymously.
+func connect(url, credDir, role string, log *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
+	kp, err := bus.LoadSeed(bus.SeedFile(credDir, role))
+	var opts []nats.Option
+	switch {
+	case err == nil:
+		if opts, err = bus.ClientOptions(role, kp, log); err != nil {
+			return nil, err
+		}
+	case !errors.Is(err, fs.ErrNotExist):
+		return nil, err
+	}
+	return nats.Connect(url, append(opts, extra...)...)
+}
+
+func startNATS(dir, credDir string, port int, sync Sync) (*server.Server, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("RUNNER_DATA_DIR: %w", err)
 	}
-	s, err := server.NewServer(&server.Options{
-		ServerName: "telorunner", Host: "127.0.0.1", Port: port,
-		JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true,
-		SyncInterval: sync.Interval, SyncAlways: sync.Always,
-	})
+	pubs, err := bus.EnsureCredentials(credDir)
+	if err != nil {
+		return nil, fmt.Errorf("RUNNER_DATA_DIR: %w", err)
+	}
+	users, err := embednats.Users(pubs)
+	if err != nil {
+		return nil, err
+	}
+	s, err := embednats.Start(embednats.Options{Name: "telorunner", Dir: dir, Port: port, Users: users,
+		SyncInterval: sync.Interval, SyncAlways: sync.Always}, 30*time.Second)
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(30 * time.Second) {
-		s.Shutdown()
-		return nil, fmt.Errorf("embedded nats: not ready within 30s")
 	}
 	return s, nil
 }

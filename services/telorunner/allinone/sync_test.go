@@ -1,6 +1,7 @@
 package allinone
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -58,7 +59,8 @@ func TestEmbeddedServerSyncAndLimits(t *testing.T) {
 		{Sync{Interval: 10 * time.Second}, 10 * time.Second, false},
 		{Sync{Always: true}, 2 * time.Minute, true},
 	} {
-		s, err := startNATS(t.TempDir(), -1, tc.sync)
+		dir := t.TempDir()
+		s, err := startNATS(filepath.Join(dir, "nats"), CredentialsDir(dir), -1, tc.sync)
 		if err != nil {
 			t.Fatal(err)
 		}

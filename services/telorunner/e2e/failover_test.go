@@ -9,11 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/testkit"
+	"github.com/telorunner/telorunner/services/telorunner/allinone"
 )
 
 // watchVars is the environment of a watch-enabled telorunner process.
@@ -66,10 +66,7 @@ func TestCrashRestartRecoversFromCheckpoint(t *testing.T) {
 	c := seedWatch(t, r)
 	want := tree(t, r, c.SessionID)
 	// Wait for a checkpoint taken after the edits.
-	nc, err := nats.Connect("nats://127.0.0.1:" + strconv.Itoa(natsPort))
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc := (&runner{NATSURL: "nats://127.0.0.1:" + strconv.Itoa(natsPort), DataDir: vars["RUNNER_DATA_DIR"]}).connect(t, bus.RoleSupervisor)
 	js, _ := jetstream.New(nc)
 	kv, err := js.KeyValue(context.Background(), bus.BucketCheckpoints)
 	if err != nil {
@@ -112,9 +109,15 @@ func TestFailoverBetweenDrivers(t *testing.T) {
 		"RUNNER_OWNER_TTL_MS": strconv.Itoa(int(ttl.Milliseconds())), "RUNNER_WATCH_IDLE_SECONDS": "3600",
 		"RUNNER_WORKSPACE_CHECKPOINT_SECONDS": "3600",
 	})
+	// Each process connects with the server's credentials, from its data dir.
+	dataDir := func() string {
+		d := t.TempDir()
+		ns.WriteCredentials(t, allinone.CredentialsDir(d))
+		return d
+	}
 	procs := map[string]*procRunner{
-		"driver-a": startProcRunner(t, "a", watchVars(t.TempDir(), merge(common, map[string]string{"RUNNER_DRIVER_ID": "driver-a"}))),
-		"driver-b": startProcRunner(t, "b", watchVars(t.TempDir(), merge(common, map[string]string{"RUNNER_DRIVER_ID": "driver-b"}))),
+		"driver-a": startProcRunner(t, "a", watchVars(dataDir(), merge(common, map[string]string{"RUNNER_DRIVER_ID": "driver-a"}))),
+		"driver-b": startProcRunner(t, "b", watchVars(dataDir(), merge(common, map[string]string{"RUNNER_DRIVER_ID": "driver-b"}))),
 	}
 	c := createOn(t, procs["driver-a"].URL, watchBody(map[string]string{"telo.yaml": manifest("solo", nil, nil)}, []app{{Name: "app", Entry: "telo.yaml"}}, ""))
 	s := openSSE(t, procs["driver-a"].URL+c.StreamURL, nil)
@@ -125,12 +128,7 @@ func TestFailoverBetweenDrivers(t *testing.T) {
 		t.Fatalf("write = %d %s", resp.Status, resp.Body)
 	}
 
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	_, js := testkit.Connect(t, ns, bus.RoleSupervisor)
 	owners, err := js.KeyValue(context.Background(), bus.BucketOwners)
 	if err != nil {
 		t.Fatal(err)

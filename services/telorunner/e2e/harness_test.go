@@ -23,6 +23,9 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	"github.com/nats-io/nats.go"
+
+	"github.com/telorunner/telorunner/pkg/bus"
 
 	"github.com/telorunner/telorunner/services/telorunner/allinone"
 )
@@ -140,6 +143,26 @@ func startRunnerWith(t *testing.T, vars map[string]string) *runner {
 	}
 	t.Cleanup(r.stop)
 	return r
+}
+
+// connect opens a bus connection as role with the seed the all-in-one
+// generated in its data dir, closed when t ends.
+func (r *runner) connect(t *testing.T, role string, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	kp, err := bus.LoadSeed(bus.SeedFile(allinone.CredentialsDir(r.DataDir), role))
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth, err := bus.ClientOptions(role, kp, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(r.NATSURL, append(auth, opts...)...)
+	if err != nil {
+		t.Fatalf("connect as %s: %v", role, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
 }
 
 // --- HTTP helpers ---

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/telorunner/telorunner/pkg/bus"
@@ -18,16 +17,13 @@ import (
 )
 
 // startEdge runs a second api-edge replica against the runner's NATS.
-func startEdge(t *testing.T, natsURL string, vars map[string]string) string {
+func startEdge(t *testing.T, r *runner, vars map[string]string) string {
 	t.Helper()
 	cfg, err := edge.LoadConfig(env(vars))
 	if err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nats.Connect(natsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc := r.connect(t, bus.RoleEdge)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -62,7 +58,7 @@ func startEdge(t *testing.T, natsURL string, vars map[string]string) string {
 // identical event ids and io sequence numbers.
 func TestTwoEdgeReplicasServeOneSession(t *testing.T) {
 	r := startRunner(t, nil)
-	other := startEdge(t, r.NATSURL, nil)
+	other := startEdge(t, r, nil)
 	c := r.create(t, runBody(manifest("shared", nil, map[string]any{"exitAfterMs": 500, "outputBytes": 100000}), nil, false))
 	a := openSSE(t, r.URL+c.StreamURL, nil).drain(t, 30*time.Second)
 	b := openSSE(t, other+c.StreamURL, nil).drain(t, 30*time.Second)
@@ -120,12 +116,8 @@ func TestRestartSameDataDirKeepsState(t *testing.T) {
 		t.Fatalf("session after restart = %d %s", resp.Status, resp.Body)
 	}
 	// Every stream, bucket and object store exists with the configured limits.
-	nc, err := nats.Connect(r2.NATSURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	// The provisioner may read what it configured.
+	js, _ := jetstream.New(r2.connect(t, bus.RoleProvisioner))
 	ctx := context.Background()
 	want := bus.Limits{ReplayBytes: 123456}.Defaults()
 	for _, cfg := range bus.StreamConfigs(want) {

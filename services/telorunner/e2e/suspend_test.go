@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/telorunner/telorunner/pkg/bus"
@@ -158,7 +157,7 @@ func TestResumeAfterFullRestart(t *testing.T) {
 // suspending; a session nobody watches suspends.
 func TestPresenceKeepsSessionsAwake(t *testing.T) {
 	r := watchRunner(t, fastSupervisor)
-	other := startEdge(t, r.NATSURL, map[string]string{"RUNNER_WATCH_SESSIONS": "true"})
+	other := startEdge(t, r, map[string]string{"RUNNER_WATCH_SESSIONS": "true"})
 	body := func(name string) map[string]any {
 		return watchBody(map[string]string{"telo.yaml": manifest(name, nil, nil)}, []app{{Name: "app", Entry: "telo.yaml"}}, "")
 	}
@@ -204,6 +203,18 @@ func TestPutAppsAddsAndRemoves(t *testing.T) {
 	bad := do(t, "PUT", r.URL+"/v1/sessions/"+c.SessionID+"/apps", map[string]any{"apps": []map[string]any{{"name": "workspace", "entryRelativePath": "a/telo.yaml"}}}, nil)
 	if bad.Status != 400 || !strings.Contains(string(bad.Body), "reserved_app_name") {
 		t.Fatalf("PUT reserved = %d %s", bad.Status, bad.Body)
+	}
+	// The workspace server's port and the inspect ports are the runner's.
+	for _, port := range []int{8099, 9231} {
+		bad = do(t, "PUT", r.URL+"/v1/sessions/"+c.SessionID+"/apps", map[string]any{"apps": []map[string]any{
+			{"name": "a", "entryRelativePath": "a/telo.yaml"}, {"name": "b", "entryRelativePath": "b/telo.yaml", "ports": []map[string]any{{"port": port, "protocol": "tcp"}}},
+		}}, nil)
+		if bad.Status != 400 || !strings.Contains(string(bad.Body), `"port_conflict"`) {
+			t.Fatalf("PUT apps declaring %d = %d %s, want 400 port_conflict", port, bad.Status, bad.Body)
+		}
+	}
+	if resp := do(t, "POST", r.URL+"/v1/sessions", watchBody(files, []app{{Name: "a", Entry: "a/telo.yaml", Ports: []int{8099}}}, ""), nil); resp.Status != 400 || !strings.Contains(string(resp.Body), `"port_conflict"`) {
+		t.Fatalf("watch session declaring 8099 = %d %s, want 400 port_conflict", resp.Status, resp.Body)
 	}
 	resp := do(t, "PUT", r.URL+"/v1/sessions/"+c.SessionID+"/apps", map[string]any{"apps": []map[string]any{
 		{"name": "a", "entryRelativePath": "a/telo.yaml"}, {"name": "c", "entryRelativePath": "c/telo.yaml", "io": "streams"},
@@ -255,12 +266,7 @@ func TestSuspendedTTLEvictsEverything(t *testing.T) {
 	testkit.Eventually(t, 30*time.Second, func() bool {
 		return do(t, "GET", r.URL+"/v1/sessions/"+c.SessionID, nil, nil).Status == 404
 	}, "suspended session not evicted")
-	nc, err := nats.Connect(r.NATSURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	js, _ := jetstream.New(r.connect(t, bus.RoleSupervisor))
 	ctx := context.Background()
 	for stream, subject := range map[string]string{bus.StreamEvents: bus.EventsSubject(c.SessionID), bus.StreamIO: bus.IOSubjects(c.SessionID)} {
 		s, _ := js.Stream(ctx, stream)
@@ -322,12 +328,7 @@ func TestSuspendedDeleteAndResumeCeiling(t *testing.T) {
 	if doc["exitedAt"] == nil {
 		t.Fatalf("stopped without exitedAt: %v", doc)
 	}
-	nc, err := nats.Connect(r.NATSURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	js, _ := jetstream.New(r.connect(t, bus.RoleSupervisor))
 	cps, _ := js.KeyValue(context.Background(), bus.BucketCheckpoints)
 	if _, err := cps.Get(context.Background(), c.SessionID); err == nil {
 		t.Fatal("checkpoint kept after DELETE of a suspended session")

@@ -34,10 +34,8 @@ var natsPutLeak = goleak.IgnoreTopFunction("github.com/nats-io/nats.go/jetstream
 func newProxy(t *testing.T) *proxy {
 	t.Helper()
 	srv := testkit.StartJetStream(t)
-	_, js := testkit.Connect(t, srv)
-	if err := bus.Provision(t.Context(), js, bus.Limits{}); err != nil {
-		t.Fatalf("Provision() = %v", err)
-	}
+	testkit.Provision(t, srv, bus.Limits{})
+	_, js := testkit.Connect(t, srv, bus.RoleProxy)
 	store, err := session.Open(t.Context(), js, 0)
 	if err != nil {
 		t.Fatalf("session.Open() = %v", err)

@@ -184,6 +184,11 @@ func TestCreateValidation(t *testing.T) {
 		{name: "app entry escapes", e: m, body: validCreate(watchApps(body{"name": "web", "entryRelativePath": "../x"})), hdr: ok, status: 400, code: "invalid_bundle", message: []string{"'../x'"}},
 		{name: "port claimed by two apps", e: m, body: validCreate(watchApps(app("web", 3000), app("api", 4000, 3000))), hdr: ok, status: 400, code: "port_conflict", message: []string{`"web"`, `"api"`, "tcp/3000"}},
 		{name: "port repeated within one app", e: m, body: validCreate(watchApps(app("web", 3000, 3000))), hdr: ok, status: 400, code: "port_conflict", message: []string{`"web" and "web"`, "tcp/3000"}},
+		{name: "workspace port", e: m, body: validCreate(watchApps(app("web", 8099))), hdr: ok, status: 400, code: "port_conflict", message: []string{`"web"`, "tcp/8099", "workspace server"}},
+		{name: "inspect port of the second app", e: m, body: validCreate(watchApps(app("web", 3000), app("api", 9231))), hdr: ok, status: 400, code: "port_conflict", message: []string{`"api"`, "tcp/9231", "inspect"}},
+		{name: "inspect port past the app count", e: m, body: validCreate(watchApps(app("web", 3000), app("api", 9232))), hdr: ok, status: 201},
+		{name: "run session with inspect on 9230", e: m, body: validCreate(set("inspect", true), set("ports", []any{body{"port": 9230, "protocol": "tcp"}})), hdr: ok, status: 400, code: "port_conflict", message: []string{"tcp/9230"}},
+		{name: "run session without inspect may use 8099 and 9230", e: m, body: validCreate(set("ports", []any{body{"port": 8099, "protocol": "tcp"}, body{"port": 9230, "protocol": "tcp"}})), hdr: ok, status: 201},
 		{name: "tcp and udp on one port do not conflict", e: m, body: validCreate(watchApps(app("web", 3000), body{"name": "dns", "entryRelativePath": "dns.yaml", "ports": []any{body{"port": 3000, "protocol": "udp"}}})), hdr: ok, status: 201},
 		{name: "run mode with two apps", e: m, body: validCreate(set("apps", []any{app("web"), app("api")})), hdr: ok, status: 400, code: "invalid_request", message: []string{"run"}},
 		{name: "run mode with one app", e: m, body: validCreate(set("apps", []any{app("web", 3000)})), hdr: ok, status: 201},
@@ -312,7 +317,7 @@ func TestCreateResponse(t *testing.T) {
 	}
 
 	// The start command is queued for the drivers.
-	cons, err := e.js.Consumer(ctx, bus.StreamCmd, bus.ConsumerDrivers)
+	cons, err := e.driver.Consumer(ctx, bus.StreamCmd, bus.ConsumerDrivers)
 	if err != nil {
 		t.Fatalf("consumer: %v", err)
 	}

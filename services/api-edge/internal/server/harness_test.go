@@ -28,9 +28,12 @@ import (
 type testEnv struct {
 	url   string
 	ns    *testkit.Server
-	js    jetstream.JetStream
+	js    jetstream.JetStream // the edge's own connection
 	store *session.Store
-	cfg   config.Config
+	// driver is a connection with the driver role, for tests that do
+	// what a pod-driver does (take start commands).
+	driver jetstream.JetStream
+	cfg    config.Config
 }
 
 // loadConfig builds a configuration the way main does, from variables.
@@ -55,12 +58,11 @@ func newEnv(t testing.TB, vars map[string]string) *testEnv {
 // newEdge starts one more edge replica, with its own connection, over ns.
 func newEdge(t testing.TB, ns *testkit.Server, cfg config.Config, edgeID string) *testEnv {
 	t.Helper()
-	nc, js := testkit.Connect(t, ns)
+	testkit.Provision(t, ns, bus.Limits{})
+	nc, js := testkit.Connect(t, ns, bus.RoleEdge)
+	_, driver := testkit.Connect(t, ns, bus.RoleDriver)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := bus.Provision(ctx, js, bus.Limits{}); err != nil {
-		t.Fatalf("bus.Provision() error = %v", err)
-	}
 	store, err := session.Open(ctx, js, 5_000_000)
 	if err != nil {
 		t.Fatalf("session.Open() error = %v", err)
@@ -73,7 +75,7 @@ func newEdge(t testing.TB, ns *testkit.Server, cfg config.Config, edgeID string)
 		hs.Close()
 		s.Wait()
 	})
-	return &testEnv{url: hs.URL, ns: ns, js: js, store: store, cfg: cfg}
+	return &testEnv{url: hs.URL, ns: ns, js: js, store: store, cfg: cfg, driver: driver}
 }
 
 type response struct {

@@ -249,7 +249,7 @@ func TestProbeReadyWithWaitingDriver(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cons, err := e.js.Consumer(ctx, bus.StreamCmd, bus.ConsumerDrivers)
+	cons, err := e.driver.Consumer(ctx, bus.StreamCmd, bus.ConsumerDrivers)
 	if err != nil {
 		t.Fatalf("consumer %s: %v", bus.ConsumerDrivers, err)
 	}

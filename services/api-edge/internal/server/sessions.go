@@ -111,7 +111,7 @@ func (s *Server) createSession(c *gin.Context) {
 		s.fail(c, contract.Errorf("invalid_request", "mode \"run\" runs exactly one app; got %d", len(specs)))
 		return
 	}
-	apps, err := resolveApps(specs)
+	apps, err := resolveApps(specs, contract.ReservedPorts(req.Mode, req.Inspect, len(specs)))
 	if err != nil {
 		s.fail(c, err)
 		return
@@ -264,7 +264,8 @@ func (s *Server) shapeEnv(env map[string]string, registryURL string) map[string]
 }
 
 // resolveApps applies 4.4.2 step 8 in order: names, entry paths, ports.
-func resolveApps(specs []contract.AppSpec) ([]session.App, error) {
+// A port in reserved (contract.ReservedPorts) is a conflict too.
+func resolveApps(specs []contract.AppSpec, reserved map[int]string) ([]session.App, error) {
 	apps := make([]session.App, 0, len(specs))
 	seen := map[string]bool{}
 	claimed := map[string]string{}
@@ -287,6 +288,9 @@ func resolveApps(specs []contract.AppSpec) ([]session.App, error) {
 		for _, p := range sp.Ports {
 			if other, ok := claimed[p.Key()]; ok {
 				return nil, contract.Errorf("port_conflict", "apps %q and %q both declare %s", other, sp.Name, p.Key())
+			}
+			if what, ok := reserved[p.Port]; ok {
+				return nil, contract.Errorf("port_conflict", "app %q declares %s, which is reserved for %s", sp.Name, p.Key(), what)
 			}
 			claimed[p.Key()] = sp.Name
 			ports = append(ports, p)

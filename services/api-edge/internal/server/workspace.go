@@ -405,7 +405,7 @@ func (s *Server) putApps(c *gin.Context) {
 		s.fail(c, notRunning(rec))
 		return
 	}
-	apps, err := resolveApps(specs)
+	apps, err := resolveApps(specs, contract.ReservedPorts(contract.ModeWatch, true, len(specs)))
 	if err != nil {
 		s.fail(c, err)
 		return

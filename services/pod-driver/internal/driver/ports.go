@@ -56,8 +56,9 @@ func (c portChange) empty() bool {
 }
 
 // diffPorts compares an app's declared set with its recorded one. A port
-// another app already declares, or the co-resident agent's port, is
-// rejected for this app.
+// another app already declares, the co-resident agent's port, or a port
+// the runner listens on (the workspace server, inspectors:
+// contract.ReservedPorts) is rejected for this app, never routed.
 func diffPorts(rec *session.Record, app string, declared []contract.PortMapping) (portChange, bool) {
 	a, ok := rec.App(app)
 	if !ok {
@@ -76,10 +77,13 @@ func diffPorts(rec *session.Record, app string, declared []contract.PortMapping)
 	if rec.Launch.AgentSpec != nil {
 		agentKey = contract.PortMapping{Port: rec.Launch.AgentSpec.Port, Protocol: "tcp"}.Key()
 	}
+	reserved := contract.ReservedPorts(rec.Mode, rec.Launch.Inspect, len(rec.Apps))
 	var c portChange
 	want := map[string]bool{}
 	for _, p := range declared {
 		switch {
+		case reserved[p.Port] != "":
+			c.rejected = append(c.rejected, contract.Rejected{Port: p.Port, Reason: fmt.Sprintf("port %d is reserved for %s", p.Port, reserved[p.Port])})
 		case claimed[p.Key()] != "":
 			c.rejected = append(c.rejected, contract.Rejected{Port: p.Port, Reason: fmt.Sprintf("another app in this session already declares %s port %d", p.Protocol, p.Port)})
 		case p.Key() == agentKey:

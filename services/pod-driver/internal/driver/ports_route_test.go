@@ -69,7 +69,7 @@ type portsEnv struct {
 
 func newPortsEnv(t *testing.T) *portsEnv {
 	t.Helper()
-	_, _, store := testkit.Session(t, bus.Limits{})
+	_, _, store := testkit.Session(t, bus.Limits{}, bus.RoleDriver)
 	ctx := context.Background()
 	rec := session.Record{ID: contract.NewSessionID(), Mode: contract.ModeWatch, Status: contract.Status{Kind: contract.StatusRunning},
 		Apps: []session.App{

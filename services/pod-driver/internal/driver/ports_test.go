@@ -46,6 +46,7 @@ func TestDiffPorts(t *testing.T) {
 	udp := func(n int) contract.PortMapping { return contract.PortMapping{Port: n, Protocol: "udp"} }
 	rec := func() *session.Record {
 		return &session.Record{
+			Mode: contract.ModeWatch,
 			Apps: []session.App{
 				{Name: "web", Ports: []contract.PortMapping{tcp(3000)}},
 				{Name: "worker", Ports: []contract.PortMapping{tcp(4000)}},
@@ -64,6 +65,8 @@ func TestDiffPorts(t *testing.T) {
 		{"taken by other app", []contract.PortMapping{tcp(3000), tcp(4000)}, "ports=[tcp/3000] added=[] removed=[] rejected=[4000:another app in this session already declares tcp port 4000]"},
 		{"udp twin of other app's tcp is fine", []contract.PortMapping{tcp(3000), udp(4000)}, "ports=[tcp/3000 udp/4000] added=[udp/4000] removed=[] rejected=[]"},
 		{"agent port", []contract.PortMapping{tcp(8080)}, "ports=[] added=[] removed=[tcp/3000] rejected=[8080:the co-resident agent uses tcp port 8080]"},
+		{"workspace port", []contract.PortMapping{tcp(3000), tcp(8099)}, "ports=[tcp/3000] added=[] removed=[] rejected=[8099:port 8099 is reserved for the workspace server]"},
+		{"inspect ports of both apps, not a third", []contract.PortMapping{tcp(9230), udp(9231), tcp(9232)}, "ports=[tcp/9232] added=[tcp/9232] removed=[tcp/3000] rejected=[9230:port 9230 is reserved for an inspect port (app 0) 9231:port 9231 is reserved for an inspect port (app 1)]"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -13,11 +13,9 @@ import (
 
 func TestPumpCoalescesSplitsAndKeepsTags(t *testing.T) {
 	s := testkit.StartJetStream(t)
-	_, js := testkit.Connect(t, s)
+	testkit.Provision(t, s, bus.Limits{})
+	_, js := testkit.Connect(t, s, bus.RoleDriver)
 	ctx := context.Background()
-	if err := bus.Provision(ctx, js, bus.Limits{}); err != nil {
-		t.Fatal(err)
-	}
 	log := bus.NewLog(js, bus.StreamIO, 1<<30)
 	subject := bus.IOSubject("aaaaaaaaaaaa", "app")
 	p := New(log, subject, 0, slog.New(slog.NewTextHandler(io.Discard, nil)))
