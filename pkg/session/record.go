@@ -68,22 +68,30 @@ type App struct {
 	Trigger string `json:"trigger,omitempty"`
 }
 
-// Launch is the retained launch description a driver starts from.
+// Launch is the retained launch description a driver starts from. It
+// never holds operator catalog env (RUNNER_APPS secrets): the driver adds
+// it at start from its own RUNNER_APPS, by the names in OperatorApp and
+// AgentSpec.
 type Launch struct {
+	// Env is the session's own env (for an operator app session: the
+	// caller's variables the entry does not set).
 	Env           map[string]string      `json:"env"`
 	Config        contract.SessionConfig `json:"config"`
 	Inspect       bool                   `json:"inspect"`
 	SelfContained bool                   `json:"selfContained,omitempty"`
 	AgentSpec     *AgentSpec             `json:"agentSpec,omitempty"`
+	// OperatorApp names the RUNNER_APPS entry an operator app session
+	// runs (POST /v1/apps/:name/sessions); its env overrides Env.
+	OperatorApp string `json:"operatorApp,omitempty"`
 }
 
-// AgentSpec is a resolved operator catalog entry.
+// AgentSpec is a resolved operator catalog entry, without its env (the
+// driver resolves that from its RUNNER_APPS by Name).
 type AgentSpec struct {
-	Name       string            `json:"name"`
-	Image      string            `json:"image"`
-	Env        map[string]string `json:"env,omitempty"`
-	PullPolicy string            `json:"pullPolicy,omitempty"`
-	Port       int               `json:"port,omitempty"`
+	Name       string `json:"name"`
+	Image      string `json:"image"`
+	PullPolicy string `json:"pullPolicy,omitempty"`
+	Port       int    `json:"port,omitempty"`
 }
 
 // App returns the app named name.

@@ -55,6 +55,10 @@ type Config struct {
 	RelayRetry time.Duration
 	// Kube is the kubernetes backend's configuration (RUNNER_BACKEND=kubernetes).
 	Kube KubeConfig
+	// OperatorEnv is the env of each RUNNER_APPS entry by name: the driver
+	// needs the same RUNNER_APPS as the edge, because session records never
+	// carry catalog env.
+	OperatorEnv map[string]map[string]string
 }
 
 // LoadConfig reads the configuration from the environment.
@@ -92,6 +96,12 @@ func LoadConfig(lookup func(string) (string, bool)) (Config, error) {
 			return c, fmt.Errorf("RUNNER_OWNER_TTL_MS: must be an integer from 300 to 600000, got %q", v)
 		}
 		c.OwnerTTL = time.Duration(n) * time.Millisecond
+	}
+	if v := get("RUNNER_APPS"); v != "" {
+		var err error
+		if c.OperatorEnv, err = parseOperatorEnv(v); err != nil {
+			return c, err
+		}
 	}
 	if v := get("RUNNER_RELAY_RETRY_MS"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
@@ -224,7 +234,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 		return err
 	}
 	drv := idriver.New(idriver.Options{ID: ident.ID, NC: d.NC, Store: store, Backend: be, Logger: log, OwnerTTL: lim.Defaults().OwnerTTL,
-		Registry: d.Registry, Checkpoints: cps, Predecessors: append([]string{ident.ID}, ident.Dead...)})
+		Registry: d.Registry, Checkpoints: cps, Predecessors: append([]string{ident.ID}, ident.Dead...), OperatorEnv: cfg.OperatorEnv})
 	err = drv.Run(ctx)
 	closeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

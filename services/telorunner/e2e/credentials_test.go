@@ -2,12 +2,18 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/testkit"
 )
 
 // The credential boundary (contract 10.6, 12.3): operator env reaches the
@@ -95,4 +101,49 @@ func TestWatchCredentialBoundary(t *testing.T) {
 	if !found {
 		t.Fatal("workspace server process of the session not found")
 	}
+}
+
+// Catalog env stays off the bus (issue 11 item 3): an operator app
+// session's record holds only the caller's variables; the driver adds the
+// entry's env from its own RUNNER_APPS, so the workload still gets it.
+func TestOperatorAppEnvFromDriverConfig(t *testing.T) {
+	dir := t.TempDir()
+	image := filepath.Join(dir, "op.sh")
+	if err := os.WriteFile(image, []byte(fmt.Sprintf("#!/bin/sh\nenv > %q/op-env.tmp && mv %q/op-env.tmp %q/op-env\nexec sleep 600\n", dir, dir, dir)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := startRunner(t, map[string]string{"RUNNER_APPS": fmt.Sprintf(`{"op":{"image":%q,"env":{"OP_SECRET":"0p-s3cr3t","MINE":"operator"}}}`, image)})
+	resp := do(t, "POST", r.URL+"/v1/apps/op/sessions", map[string]any{"env": map[string]string{"MINE": "client", "THEIRS": "t"}}, nil)
+	if resp.Status != 201 {
+		t.Fatalf("POST /v1/apps/op/sessions = %d %s", resp.Status, resp.Body)
+	}
+	var c createdResp
+	resp.json(t, &c)
+	var env string
+	testkit.Eventually(t, 30*time.Second, func() bool {
+		b, err := os.ReadFile(filepath.Join(dir, "op-env"))
+		env = string(b)
+		return err == nil
+	}, "operator app did not start")
+	for _, want := range []string{"OP_SECRET=0p-s3cr3t", "MINE=operator", "THEIRS=t"} {
+		if !strings.Contains("\n"+env, "\n"+want+"\n") {
+			t.Fatalf("workload env lacks %s: %q", want, env)
+		}
+	}
+	kv, err := jetstream.New(r.connect(t, bus.RoleSupervisor))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sessions, err := kv.KeyValue(context.Background(), bus.BucketSessions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ent, err := sessions.Get(context.Background(), c.SessionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if raw := string(ent.Value()); strings.Contains(raw, "0p-s3cr3t") || strings.Contains(raw, `"operator"`) {
+		t.Fatalf("session record holds catalog env: %s", raw)
+	}
+	do(t, "DELETE", r.URL+"/v1/sessions/"+c.SessionID, nil, nil)
 }

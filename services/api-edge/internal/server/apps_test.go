@@ -26,6 +26,19 @@ var appVars = map[string]string{
 	}`,
 }
 
+// noCatalogEnv fails when the stored record of id holds a RUNNER_APPS env
+// value (appVars: "operator", "/cache").
+func noCatalogEnv(t *testing.T, e *testEnv, id string) {
+	t.Helper()
+	ent, err := e.store.Sessions.Get(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if raw := string(ent.Value()); strings.Contains(raw, `"operator"`) || strings.Contains(raw, "/cache") {
+		t.Fatalf("session record holds catalog env: %s", raw)
+	}
+}
+
 // TestCreateAppSessionChecks walks 4.5's order: schema, unknown app (before
 // terms), terms.
 func TestCreateAppSessionChecks(t *testing.T) {
@@ -95,10 +108,13 @@ func TestCreateAppSessionRecord(t *testing.T) {
 		t.Errorf("streamUrl = %v, want %v", got, want)
 	}
 	rec := e.record(t, id)
-	wantEnv := map[string]string{"SECRET": "operator", "PORT": "8080", "MINE": "1", "TELO_REGISTRY_URL": "https://default.example"}
-	if !reflect.DeepEqual(rec.Launch.Env, wantEnv) {
-		t.Errorf("env = %v, want %v", rec.Launch.Env, wantEnv)
+	// The caller's variables the entry does not set; the entry's own env
+	// (SECRET=operator, PORT) is the driver's to add: never on the bus.
+	wantEnv := map[string]string{"MINE": "1", "TELO_REGISTRY_URL": "https://default.example"}
+	if !reflect.DeepEqual(rec.Launch.Env, wantEnv) || rec.Launch.OperatorApp != "helper" {
+		t.Errorf("env, operatorApp = %v, %q, want %v, helper", rec.Launch.Env, rec.Launch.OperatorApp, wantEnv)
 	}
+	noCatalogEnv(t, e, id)
 	if want := (contract.SessionConfig{Image: "op/helper:1", PullPolicy: "always"}); rec.Launch.Config != want {
 		t.Errorf("config = %+v, want %+v", rec.Launch.Config, want)
 	}
@@ -143,4 +159,16 @@ func TestCreateAppSessionCapacity(t *testing.T) {
 	if code, _ := res.envelope(t); code != "too_many_sessions" {
 		t.Errorf("error = %q, want too_many_sessions", code)
 	}
+}
+
+// A watch session's agent is recorded by name: its catalog env stays in
+// RUNNER_APPS (the driver's), off the bus (issue 11 item 3).
+func TestAgentEnvNotStored(t *testing.T) {
+	e := newEnv(t, withVars(appVars, "RUNNER_WATCH_SESSIONS", "true"))
+	id := e.do(t, http.MethodPost, "/v1/sessions", validCreate(set("mode", "watch"), set("agent", "helper")), terms("v1")).created(t)
+	rec := e.record(t, id)
+	if a := rec.Launch.AgentSpec; a == nil || a.Name != "helper" || a.Image != "op/helper:1" || a.Port != 8080 {
+		t.Fatalf("agentSpec = %+v, want helper op/helper:1 on 8080", a)
+	}
+	noCatalogEnv(t, e, id)
 }

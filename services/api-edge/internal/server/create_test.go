@@ -469,7 +469,7 @@ func TestCreateAgent(t *testing.T) {
 		dns := body{"name": "dns", "entryRelativePath": "telo.yaml", "ports": []any{body{"port": 8080, "protocol": "udp"}}}
 		id := e.do(t, http.MethodPost, "/v1/sessions", validCreate(watchApps(dns), set("agent", "helper")), ok).created(t)
 		rec := e.record(t, id)
-		want := &session.AgentSpec{Name: "helper", Image: "op/helper:1", Env: map[string]string{"K": "v"}, PullPolicy: "missing", Port: 8080}
+		want := &session.AgentSpec{Name: "helper", Image: "op/helper:1", PullPolicy: "missing", Port: 8080} // env: the driver's RUNNER_APPS
 		if rec.Agent != "helper" || !reflect.DeepEqual(rec.Launch.AgentSpec, want) {
 			t.Errorf("agent, spec = %q, %+v, want helper, %+v", rec.Agent, rec.Launch.AgentSpec, want)
 		}

@@ -89,7 +89,7 @@ func (s *Server) createSession(c *gin.Context) {
 			s.fail(c, contract.Errorf("agent_port_undeclared", "catalog entry %q declares no port; add RUNNER_APPS.%s.port", a.Name, a.Name))
 			return
 		}
-		agent = &session.AgentSpec{Name: a.Name, Image: a.Image, Env: a.Env, PullPolicy: a.PullPolicy, Port: a.Port}
+		agent = &session.AgentSpec{Name: a.Name, Image: a.Image, PullPolicy: a.PullPolicy, Port: a.Port} // env: the driver's RUNNER_APPS
 	}
 	ctx := c.Request.Context()
 	if watch {
@@ -153,18 +153,22 @@ func (s *Server) createAppSession(c *gin.Context) {
 	if !s.termsAccepted(c) {
 		return
 	}
+	// The entry's env wins over the caller's; it is not stored: the driver
+	// adds it from its own RUNNER_APPS (OperatorApp).
 	env := map[string]string{}
 	for k, v := range req.Env {
 		if _, operator := entry.Env[k]; !operator {
 			env[k] = v
 		}
 	}
-	for k, v := range entry.Env {
-		env[k] = v
+	shaped := s.shapeEnv(env, "")
+	if _, operator := entry.Env["TELO_REGISTRY_URL"]; operator {
+		delete(shaped, "TELO_REGISTRY_URL")
 	}
 	apps := []session.App{{Name: contract.DefaultApp, IO: contract.IOTTY, Ports: req.Ports, Trigger: contract.TriggerInitial}}
 	launch := session.Launch{
-		Env:           s.shapeEnv(env, ""),
+		OperatorApp:   entry.Name,
+		Env:           shaped,
 		Config:        contract.SessionConfig{Image: entry.Image, PullPolicy: entry.PullPolicy},
 		SelfContained: true,
 		Inspect:       false, // 4.5: forced off, the image has no inspect endpoint

@@ -38,6 +38,9 @@ type Options struct {
 	// own identity in a previous run and drivers that died on this machine
 	// (their sessions are recovered as adoptions).
 	Predecessors []string
+	// OperatorEnv is the env of each RUNNER_APPS entry by name, added at
+	// start to agents and operator app sessions (records never hold it).
+	OperatorEnv map[string]map[string]string
 }
 
 // Driver runs sessions it owns.

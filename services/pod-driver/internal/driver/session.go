@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -287,17 +288,44 @@ func (o *owned) spec(keep bool) (backend.Spec, error) {
 			return backend.Spec{}, err
 		}
 	}
+	env := rec.Launch.Env
+	if name := rec.Launch.OperatorApp; name != "" {
+		op, err := o.operatorEnv(name)
+		if err != nil {
+			return backend.Spec{}, err
+		}
+		env = maps.Clone(env)
+		if env == nil {
+			env = map[string]string{}
+		}
+		maps.Copy(env, op)
+		delete(env, "TELO_CACHE_DIR") // as the edge shapes session env
+	}
 	spec := backend.Spec{
-		SessionID: o.id, Mode: rec.Mode, Bundle: bundle, KeepWorkspace: keep, Env: rec.Launch.Env,
+		SessionID: o.id, Mode: rec.Mode, Bundle: bundle, KeepWorkspace: keep, Env: env,
 		Config: rec.Launch.Config, Inspect: rec.Launch.Inspect, SelfContained: rec.Launch.SelfContained,
 	}
 	for _, a := range rec.Apps {
 		spec.Apps = append(spec.Apps, backend.App{Name: a.Name, Entry: a.Entry, Ports: a.Ports, IO: a.IO})
 	}
 	if a := rec.Launch.AgentSpec; a != nil && rec.Mode == contract.ModeWatch {
-		spec.Agent = &backend.Agent{Name: a.Name, Image: a.Image, Env: a.Env, PullPolicy: a.PullPolicy, Port: a.Port}
+		op, err := o.operatorEnv(a.Name)
+		if err != nil {
+			return backend.Spec{}, err
+		}
+		spec.Agent = &backend.Agent{Name: a.Name, Image: a.Image, Env: op, PullPolicy: a.PullPolicy, Port: a.Port}
 	}
 	return spec, nil
+}
+
+// operatorEnv is the env of the RUNNER_APPS entry name, from the driver's
+// own configuration.
+func (o *owned) operatorEnv(name string) (map[string]string, error) {
+	env, ok := o.d.o.OperatorEnv[name]
+	if !ok {
+		return nil, fmt.Errorf("RUNNER_APPS of this driver has no entry %q (the driver needs the same RUNNER_APPS as the edge)", name)
+	}
+	return maps.Clone(env), nil
 }
 
 func (o *owned) bundle(rec session.Record) (contract.Bundle, error) {
