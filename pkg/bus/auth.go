@@ -73,7 +73,7 @@ func Permissions(role string) (Permission, error) {
 	var g grant
 	switch role {
 	case RoleEdge:
-		g.pub(SubjectCmdStart, SubjectCmdAdopt, SubjectCtlPrefix+"*.*", SubjectWSPrefix+"*.*")
+		g.pub(SubjectCmdStart, SubjectCmdAdopt, SubjectCtlPrefix+"*.*", SubjectWSPrefix+"*.*", SubjectProbe)
 		g.sub(SubjectEventsPrefix + "*") // the fan-out hub and io's terminal watch
 		g.log(StreamEvents, SubjectEventsPrefix+"*")
 		g.log(StreamIO, "") // read, and purge on eviction
@@ -82,6 +82,7 @@ func Permissions(role string) (Permission, error) {
 	case RoleDriver:
 		g.workQueue(StreamCmd, ConsumerDrivers)
 		g.micro(ServiceCtl, SubjectCtlPrefix+"*.*")
+		g.sub(SubjectProbe)            // answered through allow_responses
 		g.pub(SubjectWSPrefix + "*.*") // final checkpoints
 		g.log(StreamEvents, SubjectEventsPrefix+"*")
 		g.log(StreamIO, SubjectIOPrefix+"*.*")

@@ -50,7 +50,13 @@ const (
 	SubjectCmdAll         = "runner.cmd.>"
 	SubjectCtlPrefix      = "runner.ctl."
 	SubjectWSPrefix       = "runner.ws."
+	// SubjectProbe is answered by one driver (queue group QueueDrivers)
+	// with its backend's setup issues (contract.ProbeReply).
+	SubjectProbe = "runner.probe"
 )
+
+// QueueDrivers is the queue group of the drivers' core subscriptions.
+const QueueDrivers = "drivers"
 
 // Consumers.
 const (

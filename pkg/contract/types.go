@@ -193,3 +193,24 @@ func Timestamp(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.
 
 // IntPtr returns &v.
 func IntPtr(v int) *int { return &v }
+
+// Availability statuses of POST /v1/probe (3.7).
+const (
+	AvailabilityReady       = "ready"
+	AvailabilityNeedsSetup  = "needs-setup"
+	AvailabilityUnavailable = "unavailable"
+)
+
+// Issue is one missing piece of a `needs-setup` AvailabilityReport (3.7).
+type Issue struct {
+	Path    string `json:"path"`
+	Message string `json:"message"`
+}
+
+// ProbeReply is a driver's answer on runner.probe (a bus message, not an
+// HTTP shape): the setup issues of its backend, or the error that kept it
+// from checking.
+type ProbeReply struct {
+	Issues []Issue `json:"issues,omitempty"`
+	Error  string  `json:"error,omitempty"`
+}

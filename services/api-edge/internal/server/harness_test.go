@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/telorunner/telorunner/pkg/bus"
@@ -32,8 +33,9 @@ type testEnv struct {
 	store *session.Store
 	// driver is a connection with the driver role, for tests that do
 	// what a pod-driver does (take start commands).
-	driver jetstream.JetStream
-	cfg    config.Config
+	driver   jetstream.JetStream
+	driverNC *nats.Conn
+	cfg      config.Config
 }
 
 // loadConfig builds a configuration the way main does, from variables.
@@ -60,7 +62,7 @@ func newEdge(t testing.TB, ns *testkit.Server, cfg config.Config, edgeID string)
 	t.Helper()
 	testkit.Provision(t, ns, bus.Limits{})
 	nc, js := testkit.Connect(t, ns, bus.RoleEdge)
-	_, driver := testkit.Connect(t, ns, bus.RoleDriver)
+	driverNC, driver := testkit.Connect(t, ns, bus.RoleDriver)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	store, err := session.Open(ctx, js, 5_000_000)
@@ -75,7 +77,7 @@ func newEdge(t testing.TB, ns *testkit.Server, cfg config.Config, edgeID string)
 		hs.Close()
 		s.Wait()
 	})
-	return &testEnv{url: hs.URL, ns: ns, js: js, store: store, cfg: cfg, driver: driver}
+	return &testEnv{url: hs.URL, ns: ns, js: js, store: store, cfg: cfg, driver: driver, driverNC: driverNC}
 }
 
 type response struct {

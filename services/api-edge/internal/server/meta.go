@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"encoding/json"
+	"github.com/telorunner/telorunner/pkg/contract"
 	"net/http"
 	"time"
 
@@ -77,13 +79,16 @@ func (s *Server) configSchema() map[string]any {
 }
 
 type availability struct {
-	Status      string `json:"status"`
-	Message     string `json:"message,omitempty"`
-	Remediation string `json:"remediation,omitempty"`
+	Status      string           `json:"status"`
+	Issues      []contract.Issue `json:"issues,omitempty"`
+	Message     string           `json:"message,omitempty"`
+	Remediation string           `json:"remediation,omitempty"`
 }
 
-// probe checks that the runner can start sessions: JetStream answers and
-// at least one pod-driver is pulling start commands.
+// probe checks that the runner can start sessions: JetStream answers, at
+// least one pod-driver is pulling start commands, and a driver finds its
+// backend set up (runner.probe: on Kubernetes the session namespace and the
+// driver's Role; needs-setup lists what is missing).
 func (s *Server) probe(c *gin.Context) {
 	data, ok := s.readBody(c)
 	if !ok {
@@ -118,5 +123,24 @@ func (s *Server) probe(c *gin.Context) {
 			Remediation: "Start at least one pod-driver against the same NATS."})
 		return
 	}
-	c.JSON(http.StatusOK, availability{Status: "ready"})
+	pctx, pcancel := context.WithTimeout(c.Request.Context(), 4*time.Second)
+	defer pcancel()
+	msg, err := s.nc.RequestWithContext(pctx, bus.SubjectProbe, nil)
+	var reply contract.ProbeReply
+	if err != nil || json.Unmarshal(msg.Data, &reply) != nil {
+		// A driver pulls commands but does not answer the setup check:
+		// nothing more is known.
+		s.log.Warn("probe: no driver answered the setup check", "err", err)
+		c.JSON(http.StatusOK, availability{Status: contract.AvailabilityReady})
+		return
+	}
+	switch {
+	case reply.Error != "":
+		c.JSON(http.StatusOK, availability{Status: contract.AvailabilityUnavailable, Message: "the Kubernetes API is unreachable from the pod-driver: " + reply.Error,
+			Remediation: "Check the pod-driver's ServiceAccount, its RBAC (deploy/kubernetes/role.yaml) and the API server address."})
+	case len(reply.Issues) > 0:
+		c.JSON(http.StatusOK, availability{Status: contract.AvailabilityNeedsSetup, Issues: reply.Issues})
+	default:
+		c.JSON(http.StatusOK, availability{Status: contract.AvailabilityReady})
+	}
 }

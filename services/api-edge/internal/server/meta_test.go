@@ -3,10 +3,15 @@ package server
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"github.com/nats-io/nats.go"
+	"github.com/telorunner/telorunner/pkg/contract"
 	"net/http"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -268,6 +273,51 @@ func TestProbeReadyWithWaitingDriver(t *testing.T) {
 	}, "probe never ready with a waiting driver: last %v", &last)
 	if got, want := last, (map[string]any{"status": "ready"}); !reflect.DeepEqual(got, want) {
 		t.Errorf("probe = %v, want %v", got, want)
+	}
+}
+
+// A driver that finds its backend not set up turns the probe into
+// needs-setup with its issues; one that cannot check into unavailable.
+func TestProbeNeedsSetupFromDriver(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cons, err := e.driver.Consumer(ctx, bus.StreamCmd, bus.ConsumerDrivers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := cons.Consume(func(jetstream.Msg) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Stop()
+	var reply atomic.Value
+	reply.Store(contract.ProbeReply{Issues: []contract.Issue{{Path: "/kubernetes/namespace", Message: "the session namespace \"telo-sessions\" does not exist"}}})
+	sub, err := e.driverNC.QueueSubscribe(bus.SubjectProbe, bus.QueueDrivers, func(m *nats.Msg) {
+		data, _ := json.Marshal(reply.Load())
+		_ = m.Respond(data)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	probe := func() map[string]any {
+		var last map[string]any
+		testkit.Eventually(t, 5*time.Second, func() bool {
+			res := e.do(t, http.MethodPost, "/v1/probe", body{"config": body{"image": config.DefaultImage, "pullPolicy": "missing"}}, nil)
+			last = res.object(t)
+			// Until the consumer sees the waiting pull request.
+			return res.status == http.StatusOK && last["message"] != "no pod-driver is connected to start sessions"
+		}, "probe: %v", &last)
+		return last
+	}
+	want := map[string]any{"status": "needs-setup", "issues": []any{map[string]any{"path": "/kubernetes/namespace", "message": "the session namespace \"telo-sessions\" does not exist"}}}
+	if got := probe(); !reflect.DeepEqual(got, want) {
+		t.Errorf("probe = %v, want %v", got, want)
+	}
+	reply.Store(contract.ProbeReply{Error: "dial tcp: connection refused"})
+	if got := probe(); got["status"] != "unavailable" || !strings.Contains(fmt.Sprint(got["message"]), "connection refused") || got["remediation"] == nil {
+		t.Errorf("probe = %v, want unavailable naming the error, with a remediation", got)
 	}
 }
 

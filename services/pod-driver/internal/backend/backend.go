@@ -136,3 +136,11 @@ type StartError struct {
 }
 
 func (e *StartError) Error() string { return e.Stage + ": " + e.Message }
+
+// Prober is a backend that can check its own setup (POST /v1/probe); a
+// backend without it needs none.
+type Prober interface {
+	// Probe returns one issue per missing piece (none: ready), or an
+	// error when the check itself could not run.
+	Probe(ctx context.Context) ([]contract.Issue, error)
+}

@@ -6,8 +6,10 @@ package driver
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/telorunner/telorunner/pkg/contract"
 	"log/slog"
 	"sync"
 	"time"
@@ -81,14 +83,38 @@ func (d *Driver) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("consume commands: %w", err)
 	}
+	probe, err := d.o.NC.QueueSubscribe(bus.SubjectProbe, bus.QueueDrivers, d.answerProbe)
+	if err != nil {
+		cc.Stop()
+		return fmt.Errorf("subscribe %s: %w", bus.SubjectProbe, err)
+	}
 	d.log.Info("pod-driver pulling commands")
 	<-ctx.Done()
+	_ = probe.Drain()
 	cc.Drain()
 	<-cc.Closed()
 	d.stopAll()
 	cancelSessions()
 	d.wg.Wait()
 	return nil
+}
+
+// answerProbe answers runner.probe with the backend's setup issues.
+func (d *Driver) answerProbe(m *nats.Msg) {
+	var reply contract.ProbeReply
+	if p, ok := d.o.Backend.(backend.Prober); ok {
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+		issues, err := p.Probe(ctx)
+		cancel()
+		reply.Issues = issues
+		if err != nil {
+			reply.Error = err.Error()
+		}
+	}
+	data, _ := json.Marshal(reply)
+	if err := m.Respond(data); err != nil {
+		d.log.Warn("answer probe", "err", err)
+	}
 }
 
 // handle takes one start or adopt command. The command names a session;
