@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -43,13 +45,18 @@ func ProvisionBus(ctx context.Context, cfg Config, url, nkeyFile string, log *sl
 
 // GenerateCredentials is `telorunner credentials generate <dir>`: it makes
 // sure dir holds an nkey seed per role (<role>.nk, 0600; existing seeds are
-// kept) and writes one "<role> <public key>" line per role to w.
+// kept) and its public key (<role>.pub, the layout of the chart's
+// credentials Secret), and writes one "<role> <public key>" line per role
+// to w.
 func GenerateCredentials(dir string, w io.Writer) error {
 	pubs, err := bus.EnsureCredentials(dir)
 	if err != nil {
 		return err
 	}
 	for _, role := range bus.Roles {
+		if err := os.WriteFile(filepath.Join(dir, role+".pub"), []byte(pubs[role]+"\n"), 0o644); err != nil {
+			return fmt.Errorf("write public key: %w", err)
+		}
 		if _, err := fmt.Fprintf(w, "%s %s\n", role, pubs[role]); err != nil {
 			return err
 		}

@@ -5,6 +5,8 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -40,6 +42,9 @@ func TestCredentialsAndProvisionCommands(t *testing.T) {
 		}
 		if got, _ := kp.PublicKey(); got != pub {
 			t.Fatalf("%s: printed %s, seed has %s", role, pub, got)
+		}
+		if b, err := os.ReadFile(filepath.Join(dir, role+".pub")); err != nil || strings.TrimSpace(string(b)) != pub {
+			t.Fatalf("%s.pub = %q, %v; want %s", role, b, err, pub)
 		}
 		pubs[role] = pub
 	}
