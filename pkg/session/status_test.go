@@ -18,9 +18,10 @@ import (
 )
 
 // processStore is one process's view of the registry: its own connection.
-func processStore(t *testing.T, s *testkit.Server) (*nats.Conn, *session.Store) {
+func processStore(t *testing.T, s *testkit.Server, role string) (*nats.Conn, *session.Store) {
 	t.Helper()
-	nc, err := nats.Connect(s.ClientURL())
+	testkit.Provision(t, s, bus.Limits{})
+	nc, err := nats.Connect(s.ClientURL(), s.ClientOptions(t, role)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,11 +30,7 @@ func processStore(t *testing.T, s *testkit.Server) (*nats.Conn, *session.Store) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	if err := bus.Provision(ctx, js, bus.Limits{}); err != nil {
-		t.Fatal(err)
-	}
-	store, err := session.Open(ctx, js, 1<<20)
+	store, err := session.Open(context.Background(), js, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,8 +86,8 @@ func newRecord(t *testing.T, store *session.Store, id string) {
 // another process's flush delivers it, once, however often it flushes.
 func TestSetStatusDyingBetweenStepsEventDeliveredOnce(t *testing.T) {
 	srv := testkit.StartJetStream(t)
-	ncA, a := processStore(t, srv)
-	_, b := processStore(t, srv)
+	ncA, a := processStore(t, srv, bus.RoleDriver)
+	_, b := processStore(t, srv, bus.RoleSupervisor)
 	ctx := context.Background()
 	const id = "aaaaaaaaaaaa"
 	newRecord(t, b, id)
@@ -139,8 +136,8 @@ func TestSetStatusDyingBetweenStepsEventDeliveredOnce(t *testing.T) {
 // the outbox first, so status events keep the transitions' order.
 func TestSetStatusDeliversEarlierPendingEventsFirst(t *testing.T) {
 	srv := testkit.StartJetStream(t)
-	ncA, a := processStore(t, srv)
-	_, b := processStore(t, srv)
+	ncA, a := processStore(t, srv, bus.RoleDriver)
+	_, b := processStore(t, srv, bus.RoleSupervisor)
 	ctx := context.Background()
 	const id = "bbbbbbbbbbbb"
 	newRecord(t, b, id)
@@ -164,7 +161,7 @@ func TestSetStatusDeliversEarlierPendingEventsFirst(t *testing.T) {
 // outbox: a flush finds the event in the log and does not append it again.
 func TestFlushStatusAfterAppendedEventDoesNotDouble(t *testing.T) {
 	srv := testkit.StartJetStream(t)
-	_, a := processStore(t, srv)
+	_, a := processStore(t, srv, bus.RoleDriver)
 	ctx := context.Background()
 	const id = "cccccccccccc"
 	newRecord(t, a, id)
@@ -188,7 +185,7 @@ func TestFlushStatusAfterAppendedEventDoesNotDouble(t *testing.T) {
 	if _, err := a.Update(ctx, id, func(r *session.Record) error { r.Outbox = []session.PendingStatus{pending}; return nil }); err != nil {
 		t.Fatal(err)
 	}
-	_, b := processStore(t, srv)
+	_, b := processStore(t, srv, bus.RoleSupervisor)
 	if err := b.FlushStatus(ctx, id); err != nil {
 		t.Fatal(err)
 	}

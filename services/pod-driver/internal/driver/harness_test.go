@@ -65,7 +65,21 @@ type driverEnv struct {
 
 func newDriverEnv(t *testing.T) *driverEnv {
 	t.Helper()
-	nc, js, store := testkit.Session(t, bus.Limits{OwnerTTL: 3 * time.Second})
+	lim := bus.Limits{OwnerTTL: 3 * time.Second}
+	srv := testkit.StartJetStream(t)
+	testkit.Provision(t, srv, lim)
+	// The driver runs as its role; the test plays the edge, supervisor and
+	// workspace-proxy with the test-only identity.
+	dnc, djs := testkit.Connect(t, srv, bus.RoleDriver)
+	dstore, err := session.Open(context.Background(), djs, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, js := testkit.Connect(t, srv, testkit.Admin)
+	store, err := session.Open(context.Background(), js, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
 	lb, err := local.New(local.Options{KernelCommand: []string{devkernelPath}, WorkspaceServerCommand: []string{workspaceServerPath},
 		WorkRoot: t.TempDir(), StopGrace: 2 * time.Second})
 	if err != nil {
@@ -73,7 +87,7 @@ func newDriverEnv(t *testing.T) *driverEnv {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	e := &driverEnv{nc: nc, js: js, store: store, done: make(chan error, 1),
-		drv: New(Options{ID: "driver-test", NC: nc, Store: store, Backend: lb, Logger: log, OwnerTTL: 3 * time.Second})}
+		drv: New(Options{ID: "driver-test", NC: dnc, Store: dstore, Backend: lb, Logger: log, OwnerTTL: 3 * time.Second})}
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { e.done <- e.drv.Run(ctx) }()
 	t.Cleanup(func() {
