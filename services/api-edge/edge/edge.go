@@ -33,6 +33,16 @@ const Version = config.Version
 // LoadConfig reads the configuration from the environment.
 func LoadConfig(lookup func(string) (string, bool)) (Config, error) { return config.Load(lookup) }
 
+// LoadConfigOver is LoadConfig with base as the values of unset variables
+// (RUNNER_CORS_ORIGINS adds to a base allowlist; see config.LoadOver).
+func LoadConfigOver(base Config, lookup func(string) (string, bool)) (Config, error) {
+	return config.LoadOver(base, lookup)
+}
+
+// LoopbackCORS is the allowlist of loopback origins on any port
+// (http://localhost:*, http://127.0.0.1:*, http://[::1]:*).
+func LoopbackCORS() config.CORS { return config.LoopbackCORS() }
+
 // DefaultConfig is the configuration with no variable set.
 func DefaultConfig() Config { return config.Default() }
 
@@ -97,8 +107,8 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 
 	ln := d.Listener
 	if ln == nil {
-		if ln, err = net.Listen("tcp", net.JoinHostPort("0.0.0.0", strconv.Itoa(cfg.Port))); err != nil {
-			return fmt.Errorf("listen on port %d: %w", cfg.Port, err)
+		if ln, err = net.Listen("tcp", net.JoinHostPort(cfg.ListenHost, strconv.Itoa(cfg.Port))); err != nil {
+			return fmt.Errorf("listen on %s port %d: %w", cfg.ListenHost, cfg.Port, err)
 		}
 	}
 	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}

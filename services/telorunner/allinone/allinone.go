@@ -67,7 +67,7 @@ func LoadConfig(lookup func(string) (string, bool)) (Config, error) {
 	if c.Sync, err = ParseSync(get("RUNNER_NATS_SYNC")); err != nil {
 		return c, err
 	}
-	if c.Edge, err = edge.LoadConfig(lookup); err != nil {
+	if c.Edge, err = edge.LoadConfigOver(EdgeDefaults(), lookup); err != nil {
 		return c, err
 	}
 	withData := func(k string) (string, bool) {
@@ -83,6 +83,17 @@ func LoadConfig(lookup func(string) (string, bool)) (Config, error) {
 		return c, err
 	}
 	return c, nil
+}
+
+// EdgeDefaults is the all-in-one's /v1 configuration before the
+// environment: safe on a laptop (issue 18). It listens on loopback only
+// (RUNNER_LISTEN_HOST opens it) and allows only loopback origins, to which
+// RUNNER_CORS_ORIGINS adds ("*" must be asked for).
+func EdgeDefaults() edge.Config {
+	c := edge.DefaultConfig()
+	c.ListenHost = "127.0.0.1"
+	c.CORS = edge.LoopbackCORS()
+	return c
 }
 
 // Deps are the all-in-one's injectables (tests).
@@ -152,6 +163,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	g.Go("api-edge", func(ctx context.Context) error {
 		return edge.Run(ctx, cfg.Edge, edge.Deps{NC: conns["api-edge"], Logger: log, Registry: reg, Listener: d.Listener, Limits: lim,
 			Ready: func(a net.Addr) {
+				logListening(log, a, cfg.Edge)
 				if d.Ready != nil {
 					d.Ready(a, url)
 				}
@@ -164,6 +176,22 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 		cancelRest()
 	}
 	return g.WaitTimeout(60 * time.Second)
+}
+
+// logListening says where /v1 answers and how to change it.
+func logListening(log *slog.Logger, a net.Addr, c edge.Config) {
+	origins := "*"
+	if !c.CORS.AnyOrigin {
+		origins = strings.Join(c.CORS.Origins, ",")
+	}
+	url := "http://" + a.String()
+	if ta, ok := a.(*net.TCPAddr); ok && ta.IP.IsLoopback() {
+		log.Info("telorunner listening on loopback only: set RUNNER_LISTEN_HOST=0.0.0.0 to accept other machines (there is no authentication: anyone who reaches it runs code here)",
+			"url", url, "allowed_origins", origins)
+		return
+	}
+	log.Warn("telorunner listening beyond loopback: anyone who reaches this address can run code on this machine",
+		"url", url, "allowed_origins", origins)
 }
 
 // CredentialsDir is where the all-in-one keeps each role's nkey seed

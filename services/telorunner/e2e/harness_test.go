@@ -431,8 +431,18 @@ type ioConn struct {
 
 func wsURL(base string) string { return "ws" + strings.TrimPrefix(base, "http") }
 
+// openIO dials /io. Without an Origin in hdr it sends the one a page
+// served from the runner's own loopback address would: the all-in-one's
+// default allowlist (loopback origins) requires one (contract 7.2).
 func openIO(t *testing.T, url string, hdr http.Header) *ioConn {
 	t.Helper()
+	if hdr.Get("Origin") == "" {
+		hdr = hdr.Clone()
+		if hdr == nil {
+			hdr = http.Header{}
+		}
+		hdr.Set("Origin", "http"+strings.TrimPrefix(strings.SplitN(url, "/v1/", 2)[0], "ws"))
+	}
 	c, resp, err := websocket.DefaultDialer.Dial(url, hdr)
 	if err != nil {
 		t.Fatalf("dial %s: %v (%v)", url, err, resp)

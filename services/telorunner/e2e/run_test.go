@@ -20,12 +20,16 @@ func TestRunSessionLifecycle(t *testing.T) {
 	if c.StreamURL != "/v1/sessions/"+c.SessionID+"/events" || len(c.SessionID) != 12 {
 		t.Fatalf("created = %+v", c)
 	}
-	sse := openSSE(t, r.URL+c.StreamURL, map[string]string{"Origin": "http://editor.example"})
+	sse := openSSE(t, r.URL+c.StreamURL, map[string]string{"Origin": "http://localhost:5173"})
 	if got := sse.Header.Get("Content-Type"); got != "text/event-stream" {
 		t.Errorf("content-type = %q", got)
 	}
-	if got := sse.Header.Get("Access-Control-Allow-Origin"); got != "*" {
-		t.Errorf("access-control-allow-origin = %q, want *", got)
+	// The all-in-one allows loopback origins by default (6.2: echoed, with Vary).
+	if got := sse.Header.Get("Access-Control-Allow-Origin"); got != "http://localhost:5173" {
+		t.Errorf("access-control-allow-origin = %q, want http://localhost:5173", got)
+	}
+	if got := sse.Header.Get("Vary"); got != "Origin" {
+		t.Errorf("vary = %q, want Origin", got)
 	}
 	seen := sse.until(t, 30*time.Second, isStatus("running"))
 	running := decode(t, seen[len(seen)-1].Data)

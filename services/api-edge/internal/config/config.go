@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"strings"
 	"time"
 )
 
@@ -27,6 +29,7 @@ const (
 // Config is everything the edge reads from its environment.
 type Config struct {
 	Port              int           // PORT, 1-65535
+	ListenHost        string        // RUNNER_LISTEN_HOST: address the listener binds (0.0.0.0; the all-in-one: 127.0.0.1)
 	LogLevel          slog.Level    // LOG_LEVEL: debug, info, warn or error
 	MaxSessions       int           // RUNNER_MAX_SESSIONS: registry ceiling, live + retained
 	ExitTTL           time.Duration // RUNNER_EXIT_TTL_MS: retention of terminal sessions
@@ -57,6 +60,7 @@ type Watch struct {
 func Default() Config {
 	return Config{
 		Port:              DefaultPort,
+		ListenHost:        "0.0.0.0",
 		LogLevel:          slog.LevelInfo,
 		MaxSessions:       32,
 		ExitTTL:           4 * time.Hour,
@@ -102,7 +106,14 @@ func (e *Error) Unwrap() error { return e.Err }
 // It reads RUNNER_TERMS_FILE once when set. Every invalid variable is
 // reported; the returned error joins one *Error per variable.
 func Load(lookupEnv func(string) (string, bool)) (Config, error) {
-	c := Default()
+	return LoadOver(Default(), lookupEnv)
+}
+
+// LoadOver is Load with base instead of Default as the values of unset
+// variables (the all-in-one's own defaults). RUNNER_CORS_ORIGINS replaces
+// an any-origin base and adds to a listed one: "*" must then be asked for.
+func LoadOver(base Config, lookupEnv func(string) (string, bool)) (Config, error) {
+	c := base
 	p := parser{lookup: lookupEnv}
 
 	if raw, ok := lookupEnv("PORT"); ok {
@@ -116,7 +127,17 @@ func Load(lookupEnv func(string) (string, bool)) (Config, error) {
 	if raw := p.str("RUNNER_CORS_ORIGINS"); raw != "" {
 		cors, err := parseCORS(raw)
 		p.fail("RUNNER_CORS_ORIGINS", err)
-		c.CORS = cors
+		if base.CORS.AnyOrigin {
+			c.CORS = cors
+		} else {
+			c.CORS = base.CORS.merge(cors)
+		}
+	}
+	if raw := p.str("RUNNER_LISTEN_HOST"); raw != "" {
+		if net.ParseIP(strings.Trim(raw, "[]")) == nil && raw != "localhost" {
+			p.failf("RUNNER_LISTEN_HOST", "must be an IP address or localhost, got %q", raw)
+		}
+		c.ListenHost = strings.Trim(raw, "[]")
 	}
 	c.Terms = p.terms()
 	if raw := p.str("RUNNER_APPS"); raw != "" {
@@ -155,6 +176,7 @@ func (c Config) Validate() error {
 		}
 	}
 	check(c.Port >= 1 && c.Port <= 65535, "PORT", "must be in 1-65535, got %d", c.Port)
+	check(c.ListenHost != "", "RUNNER_LISTEN_HOST", "must not be empty")
 	check(levelName(c.LogLevel) != "", "LOG_LEVEL", "must be debug, info, warn or error, got %v", c.LogLevel)
 	check(c.MaxSessions > 0, "RUNNER_MAX_SESSIONS", "must be positive, got %d", c.MaxSessions)
 	check(c.ExitTTL > 0, "RUNNER_EXIT_TTL_MS", "must be positive, got %v", c.ExitTTL)

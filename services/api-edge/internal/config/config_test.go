@@ -25,6 +25,7 @@ func TestLoadDefaults(t *testing.T) {
 	// Spelled out from contract section 18 rather than taken from Default().
 	want := Config{
 		Port:              8062,
+		ListenHost:        "0.0.0.0",
 		LogLevel:          slog.LevelInfo,
 		MaxSessions:       32,
 		ExitTTL:           14_400_000 * time.Millisecond,
@@ -180,6 +181,8 @@ func TestLoadErrors(t *testing.T) {
 		{"registry bad scheme", map[string]string{"TELO_REGISTRY_URL": "ftp://registry.telo.run"}, "TELO_REGISTRY_URL", `must be an absolute http or https URL`},
 		{"cors only commas", map[string]string{"RUNNER_CORS_ORIGINS": " , ,"}, "RUNNER_CORS_ORIGINS", "no origin"},
 		{"cors star mixed", map[string]string{"RUNNER_CORS_ORIGINS": "https://a.example,*"}, "RUNNER_CORS_ORIGINS", `"*" cannot be combined`},
+		{"cors wildcard host", map[string]string{"RUNNER_CORS_ORIGINS": "https://*.example"}, "RUNNER_CORS_ORIGINS", "only allowed as the port"},
+		{"listen host not an address", map[string]string{"RUNNER_LISTEN_HOST": "example.com"}, "RUNNER_LISTEN_HOST", `got "example.com"`},
 		{"apps invalid", map[string]string{"RUNNER_APPS": "{"}, "RUNNER_APPS", "RUNNER_APPS: invalid JSON"},
 		{"terms file missing", map[string]string{"RUNNER_TERMS_FILE": "/nonexistent/terms.md"}, "RUNNER_TERMS_FILE", "/nonexistent/terms.md"},
 	}

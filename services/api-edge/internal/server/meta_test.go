@@ -326,6 +326,19 @@ func TestCORS(t *testing.T) {
 	anyOrigin := newEdge(t, ns, loadConfig(t, nil), "any")
 	star := newEdge(t, ns, loadConfig(t, map[string]string{"RUNNER_CORS_ORIGINS": " * "}), "star")
 	list := newEdge(t, ns, loadConfig(t, map[string]string{"RUNNER_CORS_ORIGINS": "https://a.example, ,https://b.example"}), "list")
+	// The all-in-one's default: loopback origins plus what the variable adds.
+	loopbackBase := config.Default()
+	loopbackBase.CORS = config.LoopbackCORS()
+	loopbackCfg, err := config.LoadOver(loopbackBase, func(k string) (string, bool) {
+		if k == "RUNNER_CORS_ORIGINS" {
+			return "https://editor.example", true
+		}
+		return "", false
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	loopback := newEdge(t, ns, loopbackCfg, "loopback")
 
 	type want struct {
 		status int
@@ -348,10 +361,18 @@ func TestCORS(t *testing.T) {
 		{"star, error answers carry it too", star, http.MethodGet, "/v1/sessions/abcdefghijkl", "https://x.example", nil, want{status: 404, code: "not_found", allow: "*"}},
 		{"list, allowed origin echoed", list, http.MethodGet, "/v1/health", "https://b.example", nil, want{status: 200, allow: "https://b.example", vary: true}},
 		{"list, allowed origin on an error", list, http.MethodGet, "/v1/nope", "https://a.example", nil, want{status: 404, code: "not_found", allow: "https://a.example", vary: true}},
-		{"list, no origin passes", list, http.MethodGet, "/v1/health", "", nil, want{status: 200}},
-		{"list, disallowed origin refused", list, http.MethodGet, "/v1/health", "https://evil.example", nil, want{status: 403, code: "origin_not_allowed"}},
-		{"list, match is exact", list, http.MethodGet, "/v1/health", "https://a.example/", nil, want{status: 403, code: "origin_not_allowed"}},
-		{"list, disallowed origin never creates", list, http.MethodPost, "/v1/sessions", "https://evil.example", validCreate(), want{status: 403, code: "origin_not_allowed"}},
+		{"list, no origin passes", list, http.MethodGet, "/v1/health", "", nil, want{status: 200, vary: true}},
+		{"list, disallowed origin refused", list, http.MethodGet, "/v1/health", "https://evil.example", nil, want{status: 403, code: "origin_not_allowed", vary: true}},
+		{"list, match is exact", list, http.MethodGet, "/v1/health", "https://a.example/", nil, want{status: 403, code: "origin_not_allowed", vary: true}},
+		{"list, disallowed origin never creates", list, http.MethodPost, "/v1/sessions", "https://evil.example", validCreate(), want{status: 403, code: "origin_not_allowed", vary: true}},
+		{"loopback, localhost any port", loopback, http.MethodGet, "/v1/health", "http://localhost:5173", nil, want{status: 200, allow: "http://localhost:5173", vary: true}},
+		{"loopback, 127.0.0.1 without port", loopback, http.MethodGet, "/v1/health", "http://127.0.0.1", nil, want{status: 200, allow: "http://127.0.0.1", vary: true}},
+		{"loopback, ipv6", loopback, http.MethodGet, "/v1/health", "http://[::1]:8080", nil, want{status: 200, allow: "http://[::1]:8080", vary: true}},
+		{"loopback, added origin", loopback, http.MethodGet, "/v1/health", "https://editor.example", nil, want{status: 200, allow: "https://editor.example", vary: true}},
+		{"loopback, other site refused", loopback, http.MethodGet, "/v1/health", "https://example.com", nil, want{status: 403, code: "origin_not_allowed", vary: true}},
+		{"loopback, look-alike host refused", loopback, http.MethodGet, "/v1/health", "http://localhost.example.com:80", nil, want{status: 403, code: "origin_not_allowed", vary: true}},
+		{"loopback, https scheme refused", loopback, http.MethodGet, "/v1/health", "https://localhost:8062", nil, want{status: 403, code: "origin_not_allowed", vary: true}},
+		{"loopback, other site never creates", loopback, http.MethodPost, "/v1/sessions", "https://example.com", validCreate(), want{status: 403, code: "origin_not_allowed", vary: true}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -376,8 +397,10 @@ func TestCORS(t *testing.T) {
 			}
 		})
 	}
-	if n := len(list.slots(t)); n != 0 {
-		t.Errorf("sessions admitted after refused requests = %d, want 0", n)
+	for _, e := range []*testEnv{list, loopback} {
+		if n := len(e.slots(t)); n != 0 {
+			t.Errorf("sessions admitted after refused requests = %d, want 0", n)
+		}
 	}
 
 	preflights := []struct {
@@ -413,6 +436,48 @@ func TestCORS(t *testing.T) {
 			}
 		})
 	}
+
+	// Private-network preflights (a public page calling the loopback
+	// runner) are granted to allowed origins only.
+	privateNetwork := []struct {
+		name   string
+		e      *testEnv
+		origin string
+		status int
+		grant  string
+	}{
+		{"loopback origin granted", loopback, "http://localhost:3000", http.StatusNoContent, "true"},
+		{"added origin granted", loopback, "https://editor.example", http.StatusNoContent, "true"},
+		{"other origin refused", loopback, "https://example.com", http.StatusForbidden, ""},
+		{"star grants any origin", star, "https://x.example", http.StatusNoContent, "true"},
+	}
+	for _, tc := range privateNetwork {
+		t.Run("private network preflight "+tc.name, func(t *testing.T) {
+			hdr := http.Header{
+				"Origin":                                 {tc.origin},
+				"Access-Control-Request-Method":          {"POST"},
+				"Access-Control-Request-Private-Network": {"true"},
+			}
+			res := tc.e.do(t, http.MethodOptions, "/v1/sessions", nil, hdr)
+			if res.status != tc.status {
+				t.Fatalf("OPTIONS status = %d (body %s), want %d", res.status, res.body, tc.status)
+			}
+			if got := res.header.Get("Access-Control-Allow-Private-Network"); got != tc.grant {
+				t.Errorf("Access-Control-Allow-Private-Network = %q, want %q", got, tc.grant)
+			}
+			if tc.status == http.StatusForbidden {
+				if code, _ := res.envelope(t); code != "origin_not_allowed" {
+					t.Errorf("error = %q, want origin_not_allowed", code)
+				}
+			}
+		})
+	}
+	t.Run("preflight without the private-network request gets no grant", func(t *testing.T) {
+		res := loopback.do(t, http.MethodOptions, "/v1/sessions", nil, http.Header{"Origin": {"http://localhost:3000"}, "Access-Control-Request-Method": {"POST"}})
+		if got := res.header.Get("Access-Control-Allow-Private-Network"); res.status != http.StatusNoContent || got != "" {
+			t.Errorf("status %d, Access-Control-Allow-Private-Network = %q, want 204 and none", res.status, got)
+		}
+	})
 }
 
 func hasToken(values []string, token string) bool {

@@ -89,16 +89,18 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.engine.Se
 func (s *Server) Wait() { s.wg.Wait() }
 
 // cors applies contract 2.4 to ordinary responses and answers preflights.
+// With an allowlist every response depends on Origin, so each carries
+// Vary: Origin. A private-network preflight
+// (Access-Control-Request-Private-Network: true) is granted only to an
+// allowed origin.
 func (s *Server) cors() gin.HandlerFunc {
 	return func(c *gin.Context) {
 		origin := c.GetHeader("Origin")
+		if !s.cfg.CORS.AnyOrigin {
+			c.Header("Vary", "Origin")
+		}
 		if allowed, ok := s.cfg.CORS.AllowOrigin(origin); ok {
 			c.Header("Access-Control-Allow-Origin", allowed)
-			if allowed != "*" {
-				c.Header("Vary", "Origin")
-			}
-		} else if s.cfg.CORS.AnyOrigin {
-			c.Header("Access-Control-Allow-Origin", "*")
 		} else if origin != "" && !isUpgrade(c.Request) {
 			// 19.32: refuse plain requests from origins outside a narrowed list.
 			c.AbortWithStatusJSON(http.StatusForbidden, contract.Errorf("origin_not_allowed", "origin %q is not allowed", origin))
@@ -108,6 +110,9 @@ func (s *Server) cors() gin.HandlerFunc {
 			c.Header("Access-Control-Allow-Methods", "GET, POST, PUT, DELETE, OPTIONS")
 			if h := c.GetHeader("Access-Control-Request-Headers"); h != "" {
 				c.Header("Access-Control-Allow-Headers", h)
+			}
+			if strings.EqualFold(c.GetHeader("Access-Control-Request-Private-Network"), "true") && origin != "" {
+				c.Header("Access-Control-Allow-Private-Network", "true")
 			}
 			c.Header("Access-Control-Max-Age", "600")
 			c.AbortWithStatus(http.StatusNoContent)

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/http"
 	"net/url"
 	"os"
 	"strings"
@@ -30,7 +31,10 @@ func main() {
 	if *app != "" {
 		q.Set("app", *app)
 	}
-	c, _, err := websocket.DefaultDialer.Dial(u+"?"+q.Encode(), nil)
+	// The origin of the runner itself: what a page it serves would send, and
+	// what an allowlist of loopback origins accepts (contract 7.2 needs one).
+	origin := strings.TrimSuffix(*base, "/")
+	c, _, err := websocket.DefaultDialer.Dial(u+"?"+q.Encode(), http.Header{"Origin": {origin}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "dial:", err)
 		os.Exit(1)
