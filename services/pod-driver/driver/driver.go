@@ -59,6 +59,8 @@ type Config struct {
 	// needs the same RUNNER_APPS as the edge, because session records never
 	// carry catalog env.
 	OperatorEnv map[string]map[string]string
+	// Local is the local backend's sandbox and ceilings.
+	Local LocalConfig
 }
 
 // LoadConfig reads the configuration from the environment.
@@ -75,12 +77,12 @@ func LoadConfig(lookup func(string) (string, bool)) (Config, error) {
 		c.WorkspaceServerCommand = strings.Fields(v)
 	}
 	c.WorkDir = get("RUNNER_WORK_DIR")
+	dataDir := get("RUNNER_DATA_DIR")
+	if dataDir == "" {
+		dataDir = ".telorunner"
+	}
 	if c.WorkDir == "" {
-		dir := get("RUNNER_DATA_DIR")
-		if dir == "" {
-			dir = ".telorunner"
-		}
-		c.WorkDir = filepath.Join(dir, "sessions")
+		c.WorkDir = filepath.Join(dataDir, "sessions")
 	}
 	if v := get("RUNNER_REPLAY_BUFFER_BYTES"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
@@ -113,6 +115,17 @@ func LoadConfig(lookup func(string) (string, bool)) (Config, error) {
 	if c.Backend == "kubernetes" {
 		var err error
 		if c.Kube, err = loadKubeConfig(get); err != nil {
+			return c, err
+		}
+	} else {
+		var err error
+		withData := func(k string) string {
+			if k == "RUNNER_DATA_DIR" {
+				return dataDir
+			}
+			return get(k)
+		}
+		if c.Local, err = loadLocalConfig(withData); err != nil {
 			return c, err
 		}
 	}
@@ -222,7 +235,9 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 		}
 		be = kb
 	default:
-		lb, err := local.New(local.Options{KernelCommand: cfg.KernelCommand, WorkspaceServerCommand: cfg.WorkspaceServerCommand, WorkRoot: workDir, RelayRetry: cfg.RelayRetry, Logger: log, Owner: ident.ID})
+		lo := local.Options{KernelCommand: cfg.KernelCommand, WorkspaceServerCommand: cfg.WorkspaceServerCommand, WorkRoot: workDir, RelayRetry: cfg.RelayRetry, Logger: log, Owner: ident.ID}
+		cfg.Local.apply(&lo)
+		lb, err := local.New(lo)
 		if err != nil {
 			return fmt.Errorf("local backend: %w", err)
 		}

@@ -26,6 +26,7 @@ type Backend struct {
 	kernel    []string // KernelCommand with its first word resolved
 	workspace []string // WorkspaceServerCommand with its first word resolved; nil when unset
 	root      string   // absolute WorkRoot
+	sb        *sandbox // nil: Sandbox.Off
 	log       *slog.Logger
 
 	transport *http.Transport // debug relays; no keep-alive
@@ -73,7 +74,19 @@ func New(opts Options) (*Backend, error) {
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, fmt.Errorf("local backend: create work root: %w", err)
 	}
+	var sb *sandbox
+	if !opts.Sandbox.Off {
+		sb = newSandbox(opts.Sandbox, root)
+		if sb.err != nil {
+			opts.Logger.Error("local sandbox unavailable: sessions will be refused (RUNNER_LOCAL_SANDBOX=off runs them without isolation)", "err", sb.err)
+		} else {
+			opts.Logger.Info("local sandbox ready: user, mount and PID namespaces per workload process", "privileged", sb.privileged, "hidden", sb.hide)
+		}
+	} else {
+		opts.Logger.Warn("local sandbox off (RUNNER_LOCAL_SANDBOX=off): session workloads run as plain host processes with the runner's privileges")
+	}
 	b := &Backend{
+		sb:        sb,
 		opts:      opts,
 		kernel:    kernel,
 		workspace: workspace,
@@ -155,7 +168,14 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, sink backend.Sin
 		return nil, &backend.StartError{Stage: "create", Message: err.Error()}
 	}
 
+	if b.sb != nil && b.sb.err != nil {
+		return nil, &backend.StartError{Stage: "create", Message: b.sb.unavailable().Error()}
+	}
 	w := newWorkload(b, spec.SessionID, sink)
+	w.ceil = b.opts.RunCeilings
+	if spec.SelfContained {
+		w.ceil = b.opts.AppCeilings
+	}
 	if err := b.register(&w.lifecycle); err != nil {
 		return nil, err
 	}
@@ -179,6 +199,9 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, sink backend.Sin
 		if err := w.dir.writeBundle(spec.Bundle.Files); err != nil {
 			return nil, &backend.StartError{Stage: "create", Message: err.Error()}
 		}
+	}
+	if err := b.sb.chownForSandbox(w.dir.root, w.dir.app(), w.dir.home()); err != nil {
+		return nil, &backend.StartError{Stage: "create", Message: err.Error()}
 	}
 
 	pgids := make([]int, 0, len(apps))
@@ -230,7 +253,7 @@ func (b *Backend) startApp(ctx context.Context, spec backend.Spec, app backend.A
 	if len(dropped) > 0 {
 		log.Warn("session env entries dropped", "names", dropped)
 	}
-	p, err := startProc(argv, w.dir.root, env, app, tty, log)
+	p, err := startProc(argv, w.dir.root, env, app, tty, log, b.box(w.ceil, w.dir, w.dir.app(), w.dir.home()))
 	if err != nil {
 		return nil, &backend.StartError{Stage: "start", Message: err.Error()}
 	}
@@ -240,6 +263,21 @@ func (b *Backend) startApp(ctx context.Context, spec backend.Spec, app backend.A
 	}
 	p.inspectPort = inspectPort
 	return p, nil
+}
+
+// sandboxBox is one process's sandbox; the zero value runs it unsandboxed.
+type sandboxBox struct {
+	sb *sandbox
+	ps procSandbox
+}
+
+// box is the sandbox of a process of the session in dir: the session
+// directory read-only, writable bound read-write, under ceil.
+func (b *Backend) box(ceil Ceilings, dir sessionDir, writable ...string) sandboxBox {
+	if b.sb == nil {
+		return sandboxBox{}
+	}
+	return sandboxBox{sb: b.sb, ps: procSandbox{ReadOnly: []string{dir.root}, Writable: writable, Ceilings: ceil}}
 }
 
 // sessionApps checks a run session and returns its apps: exactly one (the
@@ -285,6 +323,7 @@ func (b *Backend) Close(ctx context.Context) error {
 		_ = waitAll(context.Background(), ws) // SIGKILL and bounded drains: this ends
 	}
 	b.wg.Wait()
+	b.sb.close()
 	b.transport.CloseIdleConnections()
 	return err
 }

@@ -29,6 +29,10 @@ const waitTimeout = 20 * time.Second
 // devkernelPath is the devkernel binary built by TestMain.
 var devkernelPath string
 
+// hostilePath is the hostile test kernel (testdata/hostile) built by
+// TestMain.
+var hostilePath string
+
 // workspaceServerPath is the workspace-server binary built by TestMain;
 // empty when it could not be built (workspaceServerErr says why).
 var (
@@ -37,6 +41,14 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if dir := os.Getenv(prebuiltEnv); dir != "" {
+		// Re-run as an unprivileged user (TestSandboxUnprivileged): the
+		// binaries were built by the parent run.
+		devkernelPath = filepath.Join(dir, "devkernel")
+		hostilePath = filepath.Join(dir, "hostile")
+		workspaceServerPath = filepath.Join(dir, "workspace-server")
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "local-backend-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "create temp dir:", err)
@@ -47,6 +59,13 @@ func TestMain(m *testing.M) {
 		"github.com/telorunner/telorunner/services/pod-driver/cmd/devkernel")
 	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build devkernel: %v\n%s", err, out)
+		_ = os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	hostilePath = filepath.Join(dir, "hostile")
+	build = exec.Command("go", "build", "-o", hostilePath, "./testdata/hostile")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build hostile kernel: %v\n%s", err, out)
 		_ = os.RemoveAll(dir)
 		os.Exit(1)
 	}

@@ -2,8 +2,10 @@ package local
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend"
@@ -20,6 +22,37 @@ type lifecycle struct {
 
 	done chan struct{} // closed after exit is set
 	exit backend.Exit
+
+	expired atomic.Bool // the run-time ceiling ended the workload
+}
+
+// Ends by the run-time ceiling (contract 11.2 TTL; the wording of the
+// runner-held timer of section 15).
+var (
+	errRunTimeLimit   = errors.New("session reached its time limit")
+	errWatchTimeLimit = errors.New("watch session reached its time limit")
+)
+
+// armDeadline stops the workload (SIGTERM, SIGKILL after the grace) once
+// ttl has passed, and marks it expired. ttl <= 0: no ceiling.
+func (l *lifecycle) armDeadline(b *Backend, ttl time.Duration) {
+	if ttl <= 0 {
+		return
+	}
+	b.wg.Go(func() {
+		t := time.NewTimer(ttl)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			if !l.stopping() {
+				l.expired.Store(true)
+				l.requestStop()
+			}
+		case <-l.done:
+		case <-l.stopCh:
+		case <-l.killCh:
+		}
+	})
 }
 
 func newLifecycle(id string) lifecycle {

@@ -487,21 +487,34 @@ func TestStragglersOfTheGroupAreKilled(t *testing.T) {
 		t.Run(io, func(t *testing.T) {
 			// The background sleep keeps the terminal or stdout open after
 			// the leader exits.
-			kernel := script(t, "sleep 600 &\necho \"bg:$!\"\nexit 3\n")
+			// In a sandbox it names the sleep by its namespace pid; it waits
+			// a moment so the test can find the host pid.
+			kernel := script(t, "sleep 600 &\necho \"bg:$!\"\nsleep 0.5\nexit 3\n")
 			b := newBackend(t, func(o *Options) { o.KernelCommand = []string{kernel} })
 			rec := newRecorder()
 			w := start(t, b, runSpec("x", io), rec)
 			began := time.Now()
+			tag := contract.TagTTY
+			if io == contract.IOStreams {
+				tag = contract.TagStdout
+			}
+			hostBG := 0
+			if b.sb != nil {
+				rec.waitOutput(t, app, tag, "bg:")
+				var ns int
+				for _, l := range lines(rec.output(app, tag)) {
+					if v, ok := strings.CutPrefix(l, "bg:"); ok {
+						ns, _ = strconv.Atoi(v)
+					}
+				}
+				poll(t, "the host pid of the background sleep", func() bool { hostBG = hostPID(ns, "sleep\x00600"); return hostBG != 0 })
+			}
 			exit := waitDone(t, w)
 			if exit.Code == nil || *exit.Code != 3 {
 				t.Errorf("Exit() = %+v, want code 3", exit)
 			}
 			if took := time.Since(began); took >= drainTimeout {
 				t.Errorf("Done took %v, want less than the drain timeout %v (output closed by the group kill)", took, drainTimeout)
-			}
-			tag := contract.TagTTY
-			if io == contract.IOStreams {
-				tag = contract.TagStdout
 			}
 			var bg int
 			for _, l := range lines(rec.output(app, tag)) {
@@ -511,6 +524,9 @@ func TestStragglersOfTheGroupAreKilled(t *testing.T) {
 			}
 			if bg == 0 {
 				t.Fatalf("no background pid in output %q", rec.output(app, tag))
+			}
+			if hostBG != 0 {
+				bg = hostBG
 			}
 			poll(t, fmt.Sprintf("background process %d to die", bg), func() bool { return dead(bg) })
 		})

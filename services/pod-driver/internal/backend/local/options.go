@@ -49,6 +49,14 @@ type Options struct {
 	// Owner is the identity of the driver using this backend, written into
 	// every process group record (GroupRecord.Driver).
 	Owner string
+	// Sandbox configures the per-process sandbox (sandbox.go); on unless
+	// Sandbox.Off.
+	Sandbox SandboxOptions
+	// RunCeilings, AppCeilings and WatchCeilings limit run sessions,
+	// self-contained app sessions and each process of a watch session
+	// (contract 11.2). A zero value takes the defaults; a negative TTL or
+	// memory means none.
+	RunCeilings, AppCeilings, WatchCeilings Ceilings
 }
 
 // Validate reports the first unusable field. Zero durations are allowed
@@ -91,6 +99,14 @@ func (o *Options) applyDefaults() {
 	setDefault(&o.ReachSlowInterval, DefaultReachSlowInterval)
 	setDefault(&o.RelayRetry, DefaultRelayRetry)
 	setDefault(&o.WorkspaceReady, DefaultWorkspaceReady)
+	for _, c := range []struct {
+		c   *Ceilings
+		def Ceilings
+	}{{&o.RunCeilings, DefaultRunCeilings}, {&o.AppCeilings, DefaultAppCeilings}, {&o.WatchCeilings, DefaultWatchCeilings}} {
+		if *c.c == (Ceilings{}) {
+			*c.c = c.def
+		}
+	}
 }
 
 func setDefault(d *time.Duration, v time.Duration) {

@@ -52,6 +52,8 @@ type proc struct {
 
 	inspectPort int // 0: no debug relay
 
+	cleanup func() // after the reap: removes the sandbox's host state
+
 	mu      sync.Mutex
 	reaped  bool // the leader is being reaped: pgid may be reused, never signal it
 	stopped bool // a stop arrived while the process was alive
@@ -67,15 +69,26 @@ type output struct {
 }
 
 // startProc starts argv in dir with exactly env, on a pty (tty) or on
-// pipes, as the leader of a new process group.
-func startProc(argv []string, dir string, env []string, app backend.App, tty bool, log *slog.Logger) (*proc, error) {
+// pipes, as the leader of a new process group; inside box's sandbox unless
+// box is the zero value. In a sandbox cmd.Process is the sandbox's init,
+// whose death ends the workload: its host pid is the group's id.
+func startProc(argv []string, dir string, env []string, app backend.App, tty bool, log *slog.Logger, box sandboxBox) (*proc, error) {
 	cmd := &exec.Cmd{Path: argv[0], Args: argv, Dir: dir, Env: env}
-	p := &proc{app: app, cmd: cmd, log: log, exited: make(chan struct{})}
+	release, cleanup, err := box.sb.wrap(cmd, box.ps)
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", argv[0], err)
+	}
+	defer release()
+	p := &proc{app: app, cmd: cmd, log: log, exited: make(chan struct{}), cleanup: cleanup}
 	if tty {
-		if err := p.startTTY(); err != nil {
-			return nil, err
+		err = p.startTTY()
+	} else {
+		err = p.startStreams()
+	}
+	if err != nil {
+		if p.cmd.Process == nil {
+			cleanup() // never started; a started one was cleaned by kill
 		}
-	} else if err := p.startStreams(); err != nil {
 		return nil, err
 	}
 	p.pgid = cmd.Process.Pid
@@ -83,9 +96,13 @@ func startProc(argv []string, dir string, env []string, app backend.App, tty boo
 }
 
 func (p *proc) startTTY() error {
+	attrs := p.cmd.SysProcAttr // the sandbox's clone flags, if any
+	if attrs == nil {
+		attrs = &syscall.SysProcAttr{}
+	}
+	attrs.Setsid, attrs.Setctty = true, true
 	master, err := pty.StartWithAttrs(p.cmd,
-		&pty.Winsize{Cols: initialCols, Rows: initialRows},
-		&syscall.SysProcAttr{Setsid: true, Setctty: true})
+		&pty.Winsize{Cols: initialCols, Rows: initialRows}, attrs)
 	if err != nil {
 		return fmt.Errorf("start %s: %w", p.cmd.Path, err)
 	}
@@ -145,7 +162,10 @@ func (p *proc) startStreams() error {
 		return fmt.Errorf("create stderr pipe: %w", err)
 	}
 	p.cmd.Stdin, p.cmd.Stdout, p.cmd.Stderr = inR, outW, errW
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if p.cmd.SysProcAttr == nil {
+		p.cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	p.cmd.SysProcAttr.Setpgid = true
 	if err := p.cmd.Start(); err != nil {
 		closeAll()
 		return fmt.Errorf("start %s: %w", p.cmd.Path, err)
@@ -180,6 +200,7 @@ func (p *proc) wait() {
 	p.mu.Unlock()
 
 	err := p.cmd.Wait()
+	p.cleanup()
 	var exitErr *exec.ExitError
 	if err != nil && !errors.As(err, &exitErr) {
 		p.waitErr = fmt.Errorf("wait for app %s: %w", p.app.Name, err)
@@ -243,6 +264,7 @@ func (p *proc) wasStopped() bool {
 func (p *proc) kill() {
 	_ = unix.Kill(-p.pgid, unix.SIGKILL) // the leader is unreaped: pgid is ours
 	_ = p.cmd.Wait()                     // reaping only; the exit is not reported
+	p.cleanup()
 	p.closeFiles()
 }
 

@@ -101,6 +101,9 @@ func (b *Backend) startWatch(ctx context.Context, spec backend.Spec, sink backen
 	if err := ctx.Err(); err != nil {
 		return nil, &backend.StartError{Stage: "create", Message: err.Error()}
 	}
+	if b.sb != nil && b.sb.err != nil {
+		return nil, &backend.StartError{Stage: "create", Message: b.sb.unavailable().Error()}
+	}
 	w := newWatchWorkload(b, spec.SessionID, sink, plan.apps, spec.Agent)
 	if err := b.register(&w.lifecycle); err != nil {
 		return nil, err
@@ -265,7 +268,13 @@ func (w *WatchWorkload) createDirs(apps []backend.App, kept string) error {
 			return fmt.Errorf("create session directory: %w", err)
 		}
 	}
-	return nil
+	return w.b.sb.chownForSandbox(w.dir.root, w.dir.workspace(), w.dir.home())
+}
+
+// box is the sandbox of every process of the session: each in its own,
+// sharing the workspace and the homes read-write.
+func (w *WatchWorkload) box() sandboxBox {
+	return w.b.box(w.b.opts.WatchCeilings, w.dir, w.dir.workspace(), w.dir.home())
 }
 
 func appHomeName(app string) string { return "app-" + app }
@@ -281,7 +290,7 @@ func (w *WatchWorkload) startWorkspace() error {
 	home := filepath.Join(w.dir.home(), workspaceProcName)
 	env := workspaceEnv(w.dir.workspace(), port, home)
 	log := w.log.With("process", workspaceProcName)
-	p, err := startProc(w.b.workspace, w.dir.root, env, backend.App{Name: workspaceProcName}, false, log)
+	p, err := startProc(w.b.workspace, w.dir.root, env, backend.App{Name: workspaceProcName}, false, log, w.box())
 	if err != nil {
 		return fmt.Errorf("start workspace server: %w", err)
 	}
@@ -344,7 +353,7 @@ func (w *WatchWorkload) startAgent(argv []string, operator map[string]string) er
 	if len(dropped) > 0 {
 		log.Warn("agent env entries dropped", "names", dropped)
 	}
-	p, err := startProc(argv, w.dir.workspace(), env, backend.App{Name: agentProcName}, false, log)
+	p, err := startProc(argv, w.dir.workspace(), env, backend.App{Name: agentProcName}, false, log, w.box())
 	if err != nil {
 		return fmt.Errorf("start agent: %w", err)
 	}
@@ -390,9 +399,19 @@ func (w *WatchWorkload) runAgent() {
 // supervise waits for a stop or for the workspace server to die, stops
 // everything, waits for every member and watcher and ends the workload.
 func (w *WatchWorkload) supervise() {
+	var deadline <-chan time.Time
+	if ttl := w.b.opts.WatchCeilings.TTL; ttl > 0 {
+		t := time.NewTimer(ttl)
+		defer t.Stop()
+		deadline = t.C
+	}
 	select {
 	case <-w.stopCh:
 	case <-w.killCh:
+	case <-deadline:
+		w.failure = errWatchTimeLimit
+		w.log.Warn("watch session reached its time limit; ending it", "ttl", w.b.opts.WatchCeilings.TTL)
+		w.requestStop()
 	case <-w.wsEnded:
 		if !w.ws.wasStopped() {
 			w.failure = errors.New("workspace server " + exitText(w.ws))

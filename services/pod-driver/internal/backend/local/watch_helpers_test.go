@@ -168,7 +168,7 @@ func treePaths(t *testing.T, base string) []string {
 // environ reads a process's environment from /proc.
 func environ(t *testing.T, pid int) map[string]string {
 	t.Helper()
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", workloadPID(t, pid)))
 	if err != nil {
 		t.Fatalf("read environment of %d: %v", pid, err)
 	}
@@ -183,7 +183,7 @@ func environ(t *testing.T, pid int) map[string]string {
 // cmdline reads a process's argv from /proc.
 func cmdline(t *testing.T, pid int) []string {
 	t.Helper()
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", workloadPID(t, pid)))
 	if err != nil {
 		t.Fatalf("read command line of %d: %v", pid, err)
 	}
@@ -230,4 +230,60 @@ func groups(t *testing.T, b *Backend, w *WatchWorkload) map[string]int {
 		}
 	}
 	return g
+}
+
+// workloadPID is the host pid of the program a held process runs: the
+// process itself unsandboxed; in a sandbox, the only child of its init
+// (stage 1), which exec'd the program.
+func workloadPID(t *testing.T, pid int) int {
+	t.Helper()
+	env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		t.Fatalf("read environment of %d: %v", pid, err)
+	}
+	if !strings.HasPrefix(string(env), sandboxEnv+"=") {
+		return pid
+	}
+	var child int
+	poll(t, fmt.Sprintf("the sandboxed program of %d", pid), func() bool {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+		if err != nil {
+			t.Fatalf("children of sandbox init %d: %v", pid, err)
+		}
+		f := strings.Fields(string(data))
+		if len(f) != 1 {
+			return false
+		}
+		child, _ = strconv.Atoi(f[0])
+		cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", child))
+		return err == nil && !strings.HasPrefix(string(cmd), sandboxEnv+"=") // exec'd
+	})
+	return child
+}
+
+// hostPID finds, among this machine's processes, the one a sandbox knows
+// as nsPID whose command line contains marker; 0 when none.
+func hostPID(nsPID int, marker string) int {
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			continue
+		}
+		for l := range strings.SplitSeq(string(status), "\n") {
+			if ids, ok := strings.CutPrefix(l, "NSpid:"); ok {
+				f := strings.Fields(ids)
+				if len(f) > 1 && f[len(f)-1] == strconv.Itoa(nsPID) {
+					if cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); strings.Contains(string(cmd), marker) {
+						return pid
+					}
+				}
+			}
+		}
+	}
+	return 0
 }

@@ -236,7 +236,7 @@ func TestWatchCredentialBoundary(t *testing.T) {
 	if got, want := cmdline(t, g["agent"]), []string{sleep, "1000"}; !slices.Equal(got, want) {
 		t.Errorf("agent argv = %q, want the image's words %q", got, want)
 	}
-	if cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", g["agent"])); err != nil || cwd != ws {
+	if cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", workloadPID(t, g["agent"]))); err != nil || cwd != ws {
 		t.Errorf("agent working dir = %q, %v; want the workspace %q", cwd, err, ws)
 	}
 
@@ -250,7 +250,7 @@ func TestWatchCredentialBoundary(t *testing.T) {
 			continue
 		}
 		inspect[argv[4]] = true
-		if cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", g["app-"+app])); err != nil || cwd != dir {
+		if cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", workloadPID(t, g["app-"+app]))); err != nil || cwd != dir {
 			t.Errorf("%s working dir = %q, %v; want the session directory %q", app, cwd, err, dir)
 		}
 	}

@@ -79,7 +79,7 @@ func (w *WatchWorkload) startAppProc(a *watchApp) (*proc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start app %s: %w", a.app.Name, err)
 	}
-	p, err := startProc(watchArgv(w.b.kernel, a.entry, port), w.dir.root, a.env, a.app, a.tty, a.log)
+	p, err := startProc(watchArgv(w.b.kernel, a.entry, port), w.dir.root, a.env, a.app, a.tty, a.log, w.box())
 	if err != nil {
 		return nil, fmt.Errorf("start app %s: %w", a.app.Name, err)
 	}

@@ -25,6 +25,7 @@ type Workload struct {
 	sink  backend.Sink
 	log   *slog.Logger
 	procs []*proc
+	ceil  Ceilings // run or app session ceilings
 }
 
 var _ backend.Workload = (*Workload)(nil)
@@ -77,6 +78,7 @@ func (w *Workload) launch() {
 		procs.Wait()
 		w.finish()
 	})
+	w.armDeadline(w.b, w.ceil.TTL)
 }
 
 // runProc owns one process until it has ended and everything attached to
@@ -128,6 +130,9 @@ func (w *Workload) finish() {
 	}
 	if !w.exit.Stopped && first.waitErr == nil {
 		w.exit.Code = contract.IntPtr(first.code)
+	}
+	if w.expired.Load() {
+		w.exit = backend.Exit{Err: errRunTimeLimit}
 	}
 	if err := w.dir.removeIfOurs(w.b.opts.Owner); err != nil {
 		w.log.Warn("remove session directory", "err", err)
