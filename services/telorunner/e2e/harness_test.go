@@ -30,7 +30,7 @@ import (
 	"github.com/telorunner/telorunner/services/telorunner/allinone"
 )
 
-var devkernel, workspaceServer string
+var devkernel, workspaceServer, hostile string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "telorunner-e2e-bin")
@@ -47,6 +47,15 @@ func TestMain(m *testing.M) {
 	build.Env = append(os.Environ(), "GOWORK=off")
 	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build devkernel: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	// The hostile test kernel of the local backend's sandbox tests.
+	hostile = filepath.Join(dir, "hostile")
+	build = exec.Command("go", "build", "-o", hostile, "./internal/backend/local/testdata/hostile")
+	build.Dir = driverDir
+	build.Env = append(os.Environ(), "GOWORK=off")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build hostile kernel: %v\n%s", err, out)
 		os.Exit(1)
 	}
 	workspaceServer = filepath.Join(dir, "workspace-server")
