@@ -107,7 +107,8 @@ func BenchmarkIOThroughput(b *testing.B) {
 	for range b.N {
 		man := fmt.Sprintf("kind: Telo.Application\nmetadata:\n  name: flood\nx-devkernel:\n  outputBytes: %d\n  exitAfterMs: 1\n", size)
 		id := r.create(b, runSession(man, false))
-		c, _, err := websocket.DefaultDialer.Dial("ws"+strings.TrimPrefix(r.url, "http")+"/v1/sessions/"+id+"/io", nil)
+		// The all-in-one allows loopback origins only, and /io needs one (7.2).
+		c, _, err := websocket.DefaultDialer.Dial("ws"+strings.TrimPrefix(r.url, "http")+"/v1/sessions/"+id+"/io", http.Header{"Origin": {r.url}})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -508,6 +508,7 @@ func TestStragglersOfTheGroupAreKilled(t *testing.T) {
 					}
 				}
 				poll(t, "the host pid of the background sleep", func() bool { hostBG = hostPID(ns, "sleep\x00600"); return hostBG != 0 })
+				began = time.Now() // the leader exits within 0.5 s from here
 			}
 			exit := waitDone(t, w)
 			if exit.Code == nil || *exit.Code != 3 {

@@ -255,8 +255,12 @@ func workloadPID(t *testing.T, pid int) int {
 			return false
 		}
 		child, _ = strconv.Atoi(f[0])
-		cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", child))
-		return err == nil && !strings.HasPrefix(string(cmd), sandboxEnv+"=") // exec'd
+		// Exec'd: its own environment and command line (both read empty
+		// while the exec is under way).
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", child))
+		cmd, cerr := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", child))
+		return err == nil && cerr == nil && len(env) > 0 && len(cmd) > 0 &&
+			!strings.HasPrefix(string(env), sandboxEnv+"=") && !strings.HasPrefix(string(cmd), "telorunner-sandbox")
 	})
 	return child
 }
