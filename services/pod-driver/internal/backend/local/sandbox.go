@@ -34,7 +34,10 @@ import (
 //     unprivileged uid (1000 inside; RUNNER_SANDBOX_UID on the host when the
 //     runner is root, else the runner's uid), so it holds no capability
 //     over the mounts; it sets no_new_privs and the rlimits (memory,
-//     processes, open files) and execs the program.
+//     processes, open files) and execs the program. When cgroups hold
+//     memory and processes (root), stage 1 sets no_new_privs and the open
+//     files limit on itself and clones the program directly in that user
+//     namespace instead: one exec of this large binary less per process.
 //
 // Ports stay on the host network: there is no network namespace.
 

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -61,16 +62,7 @@ func sandboxStage1(spec sandboxSpec) int {
 		fmt.Fprintf(os.Stderr, "telorunner sandbox: %v\n", err)
 		return sandboxSetupFailed
 	}
-	next := spec
-	next.Stage = 2
-	data, err := json.Marshal(next)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "telorunner sandbox: %v\n", err)
-		return sandboxSetupFailed
-	}
 	cmd := &exec.Cmd{
-		Path: "/proc/self/exe", Args: []string{"telorunner-sandbox"}, Dir: "/",
-		Env:   []string{sandboxEnv + "=" + string(data)},
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags:  syscall.CLONE_NEWUSER,
@@ -78,6 +70,29 @@ func sandboxStage1(spec sandboxSpec) int {
 			GidMappings: []syscall.SysProcIDMap{{ContainerID: sandboxInnerID, HostID: spec.GID, Size: 1}},
 			Credential:  &syscall.Credential{Uid: sandboxInnerID, Gid: sandboxInnerID, NoSetGroups: true},
 		},
+	}
+	if len(spec.Cgroups) > 0 && spec.ProgramFD && !spec.Probe {
+		// The cgroups hold memory and processes: the program can start
+		// straight from here, without a stage 2 (one exec of this large
+		// binary less). no_new_privs is per thread and inherited: the
+		// fork happens on this locked one.
+		runtime.LockOSThread()
+		if err := setLimits(spec, false); err != nil {
+			fmt.Fprintf(os.Stderr, "telorunner sandbox: %v\n", err)
+			return sandboxSetupFailed
+		}
+		cmd.Path = "/proc/self/fd/" + strconv.Itoa(sandboxProgramFD)
+		cmd.Args, cmd.Env, cmd.Dir = spec.Argv, spec.Env, spec.Dir
+	} else {
+		next := spec
+		next.Stage = 2
+		data, err := json.Marshal(next)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "telorunner sandbox: %v\n", err)
+			return sandboxSetupFailed
+		}
+		cmd.Path, cmd.Args, cmd.Dir = "/proc/self/exe", []string{"telorunner-sandbox"}, "/"
+		cmd.Env = []string{sandboxEnv + "=" + string(data)}
 	}
 	if spec.ProgramFD {
 		cmd.ExtraFiles = []*os.File{os.NewFile(sandboxProgramFD, "program")}
@@ -233,27 +248,8 @@ func sandboxStage2(spec sandboxSpec) int {
 		fmt.Fprintf(os.Stderr, "telorunner sandbox: "+format+"\n", args...)
 		return sandboxExecFailed
 	}
-	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		return fail("no_new_privs: %v", err)
-	}
-	for _, l := range []struct {
-		name     string
-		resource int
-		v        int64
-	}{
-		{"memory", unix.RLIMIT_DATA, spec.Memory},
-		{"processes", unix.RLIMIT_NPROC, int64(spec.Procs)},
-		{"open files", unix.RLIMIT_NOFILE, int64(spec.Files)},
-		{"core size", unix.RLIMIT_CORE, 0},
-	} {
-		if l.v < 0 || l.v == 0 && l.resource != unix.RLIMIT_CORE {
-			continue
-		}
-		// syscall.Setrlimit, not unix: the runtime then hands this
-		// RLIMIT_NOFILE to the exec'd program instead of its saved one.
-		if err := syscall.Setrlimit(l.resource, &syscall.Rlimit{Cur: uint64(l.v), Max: uint64(l.v)}); err != nil {
-			return fail("limit %s to %d: %v", l.name, l.v, err)
-		}
+	if err := setLimits(spec, true); err != nil {
+		return fail("%v", err)
 	}
 	if spec.Probe {
 		return 0
@@ -269,4 +265,36 @@ func sandboxStage2(spec sandboxSpec) int {
 	}
 	err := syscall.Exec(prog, spec.Argv, spec.Env)
 	return fail("exec %s: %v", spec.Program, err)
+}
+
+// setLimits sets no_new_privs on this thread and the rlimits of spec on
+// this process; memory and process rlimits only when all is set (stage 2:
+// without cgroups, spec carries them).
+func setLimits(spec sandboxSpec, all bool) error {
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("no_new_privs: %w", err)
+	}
+	for _, l := range []struct {
+		name     string
+		resource int
+		v        int64
+	}{
+		{"memory", unix.RLIMIT_DATA, spec.Memory},
+		{"processes", unix.RLIMIT_NPROC, int64(spec.Procs)},
+		{"open files", unix.RLIMIT_NOFILE, int64(spec.Files)},
+		{"core size", unix.RLIMIT_CORE, 0},
+	} {
+		if l.v < 0 || l.v == 0 && l.resource != unix.RLIMIT_CORE {
+			continue
+		}
+		if !all && (l.resource == unix.RLIMIT_DATA || l.resource == unix.RLIMIT_NPROC) {
+			continue
+		}
+		// syscall.Setrlimit, not unix: the runtime then hands this
+		// RLIMIT_NOFILE to the exec'd program instead of its saved one.
+		if err := syscall.Setrlimit(l.resource, &syscall.Rlimit{Cur: uint64(l.v), Max: uint64(l.v)}); err != nil {
+			return fmt.Errorf("limit %s to %d: %w", l.name, l.v, err)
+		}
+	}
+	return nil
 }
