@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -30,6 +31,7 @@ const cgroupV1Root = "/sys/fs/cgroup"
 // newCgroupV1 creates this runner's parent groups; nil when the
 // hierarchies are absent or not writable.
 func newCgroupV1() (*cgroupV1, error) {
+	removeStaleCgroups()
 	name := "telorunner-" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatUint(cgroupParents.Add(1), 10)
 	c := &cgroupV1{memory: filepath.Join(cgroupV1Root, "memory", name), pids: filepath.Join(cgroupV1Root, "pids", name)}
 	for _, dir := range []string{c.memory, c.pids} {
@@ -91,5 +93,32 @@ func removeCgroups(dirs ...string) {
 func (c *cgroupV1) close() {
 	if c != nil {
 		removeCgroups(c.memory, c.pids)
+	}
+}
+
+// removeStaleCgroups removes the groups runners that are gone left behind
+// (a kill -9 leaves them; their processes are reaped at the next boot):
+// telorunner-<pid>-<n> of a pid that no longer exists. A group still
+// holding a process is not removable and stays.
+func removeStaleCgroups() {
+	for _, h := range []string{"memory", "pids"} {
+		parents, _ := filepath.Glob(filepath.Join(cgroupV1Root, h, "telorunner-*-*"))
+		for _, parent := range parents {
+			f := strings.Split(filepath.Base(parent), "-")
+			pid, err := strconv.Atoi(f[1])
+			if err != nil || pid == os.Getpid() {
+				continue
+			}
+			if _, err := os.Stat(filepath.Join("/proc", f[1])); err == nil {
+				continue // that runner lives
+			}
+			children, _ := os.ReadDir(parent)
+			for _, c := range children {
+				if c.IsDir() {
+					_ = os.Remove(filepath.Join(parent, c.Name())) // EBUSY while a process is left
+				}
+			}
+			_ = os.Remove(parent)
+		}
 	}
 }

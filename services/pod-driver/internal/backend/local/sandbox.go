@@ -301,7 +301,11 @@ func (s *sandbox) apply(cmd *exec.Cmd, spec sandboxSpec, prog *os.File) error {
 	cmd.Path = s.exe
 	cmd.Args = []string{"telorunner-sandbox"}
 	cmd.Env = []string{sandboxEnv + "=" + string(data)}
-	cmd.Dir = "/"
+	if cmd.Dir == "" {
+		cmd.Dir = "/"
+	}
+	// Otherwise stage 1 starts in the program's directory too: from its
+	// first moment the workload's processes are found by where they work.
 	if prog != nil {
 		cmd.ExtraFiles = []*os.File{prog}
 	}

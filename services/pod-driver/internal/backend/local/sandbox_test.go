@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -270,5 +271,40 @@ func copyExecutable(t *testing.T, src, dst string) {
 	}
 	if err := out.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestStaleCgroupsRemoved: the groups of a runner that died (kill -9)
+// are removed by the next backend's start; a live runner's stay.
+func TestStaleCgroupsRemoved(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Log("cgroups are only used as root")
+		return
+	}
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	var stale, live []string
+	for _, h := range []string{"memory", "pids"} {
+		stale = append(stale, filepath.Join(cgroupV1Root, h, "telorunner-"+strconv.Itoa(dead.Process.Pid)+"-7"))
+		live = append(live, filepath.Join(cgroupV1Root, h, "telorunner-1-7")) // pid 1 lives
+	}
+	for _, dir := range append(slices.Clone(stale), live...) {
+		if err := os.MkdirAll(filepath.Join(dir, "3"), 0o755); err != nil {
+			t.Fatalf("create cgroup: %v", err)
+		}
+	}
+	t.Cleanup(func() { removeCgroups(filepath.Join(live[0], "3"), filepath.Join(live[1], "3"), live[0], live[1]) })
+	newHostileBackend(t, nil)
+	for _, dir := range stale {
+		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("stale %s still there (stat: %v)", dir, err)
+		}
+	}
+	for _, dir := range live {
+		if _, err := os.Stat(filepath.Join(dir, "3")); err != nil {
+			t.Errorf("live runner's %s removed: %v", dir, err)
+		}
 	}
 }
