@@ -14,13 +14,20 @@ TEST_FLAGS ?= -race -count=1 -timeout 20m
 KUBE_VERSION := v1.37.2
 KUBE_BIN ?= $(HOME)/.cache/telorunner/kube-$(KUBE_VERSION)-$(shell cat tools/kubeenv/go.sum tools/kubeenv/cmd/etcd/go.sum | sha256sum | cut -c1-12)
 KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) -X k8s.io/component-base/version.gitTreeState=clean
+# The chaos suite (tests/chaos, its own module outside go.work) runs a real
+# nats-server binary of the version the repository already uses (pkg/go.mod),
+# built from the Go module proxy once per machine.
+CHAOS_MODULE := tests/chaos
+NATS_SERVER_VERSION := $(shell awk '$$1=="github.com/nats-io/nats-server/v2"{print $$2}' pkg/go.mod)
+NATS_BIN ?= $(HOME)/.cache/telorunner/nats-server-$(NATS_SERVER_VERSION)
+CHAOS_FLAGS ?= -race -count=1 -timeout 15m -v
 
 # Images (tools/images): stamped with the commit, every file and the image
 # dated at the commit's time, so the same commit gives the same digests.
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
-.PHONY: help build run test vet fmt-check lint bench clean kube-bins images push
+.PHONY: help build run test vet fmt-check lint bench clean kube-bins images push nats-bin test-chaos
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -44,7 +51,7 @@ run: build ## start the all-in-one (embedded NATS, local backend) on $PORT
 	PORT=$(PORT) $(BIN)/telorunner
 
 fmt-check: ## fail when gofmt would change a file
-	@out=$$(gofmt -l $(MODULES) e2e bench 2>/dev/null); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	@out=$$(gofmt -l $(MODULES) $(CHAOS_MODULE) e2e bench 2>/dev/null); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
 vet: ## go vet every module, in the workspace and with GOWORK=off
 	@for m in $(MODULES); do echo "== vet $$m"; (cd $$m && $(GO) vet ./... && GOWORK=off $(GO) vet ./...) || exit 1; done
@@ -70,6 +77,17 @@ $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/kube-controller-manager:
 $(KUBE_BIN)/etcd:
 	@mkdir -p $(KUBE_BIN)
 	cd tools/kubeenv/cmd/etcd && GOWORK=off $(GO) build -o $@.tmp.$$$$ . && mv $@.tmp.$$$$ $@
+
+nats-bin: $(NATS_BIN)/nats-server ## build nats-server (pkg/go.mod's version) into $NATS_BIN (once per machine)
+
+$(NATS_BIN)/nats-server:
+	@test -n "$(NATS_SERVER_VERSION)" || { echo "nats-bin: no github.com/nats-io/nats-server/v2 version in pkg/go.mod"; exit 1; }
+	@mkdir -p $(NATS_BIN)/.tmp
+	@echo "== build $@ ($(NATS_SERVER_VERSION), from the Go module proxy)"
+	GOWORK=off GOBIN=$(NATS_BIN)/.tmp $(GO) install github.com/nats-io/nats-server/v2@$(NATS_SERVER_VERSION) && mv $(NATS_BIN)/.tmp/nats-server $@
+
+test-chaos: build nats-bin ## chaos suite: services as processes over a 3-node NATS cluster, kill -9 of each kind (a few minutes)
+	cd $(CHAOS_MODULE) && GOWORK=off $(GO) vet ./... && TELORUNNER_BIN=$(BIN) TELORUNNER_NATS_SERVER=$(NATS_BIN)/nats-server GOWORK=off $(GO) test $(CHAOS_FLAGS) ./...
 
 lint: $(TOOLS)/golangci-lint ## golangci-lint v2 (installed into .tools at a pinned version)
 	@for m in $(MODULES); do echo "== lint $$m"; (cd $$m && $(TOOLS)/golangci-lint run --config $(CURDIR)/.golangci.yml ./...) || exit 1; done
