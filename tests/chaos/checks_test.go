@@ -110,16 +110,16 @@ func (s *session) checkLog() []string {
 	}
 	s.errs, s.dups, s.gaps = nil, nil, nil
 	s.mu.Unlock()
-	for _, a := range chaosApps {
-		c := s.io[a.name]
+	for _, app := range sortedKeys(s.io) {
+		c := s.io[app]
 		c.mu.Lock()
 		for _, e := range c.errs.strings() {
-			out = append(out, "io "+a.name+": "+e)
+			out = append(out, "io "+app+": "+e)
 		}
-		out = append(out, prefixed("io "+a.name+" duplicate: ", c.dups)...)
-		out = append(out, prefixed("io "+a.name+" gap: ", c.gaps)...)
+		out = append(out, prefixed("io "+app+" duplicate: ", c.dups)...)
+		out = append(out, prefixed("io "+app+" gap: ", c.gaps)...)
 		if c.maxSeq == 0 {
-			out = append(out, fmt.Sprintf("io %s: no output received at all", a.name))
+			out = append(out, fmt.Sprintf("io %s: no output received at all", app))
 		}
 		c.errs, c.dups, c.gaps = nil, nil, nil
 		c.mu.Unlock()
