@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -118,7 +119,7 @@ func TestChaos(t *testing.T) {
 		{"kill -9 one api-edge", one("api-edge"), recoverLimit},
 		{"kill -9 the busiest pod-driver", sys.busiestDriver, recoverLimit},
 		{"kill -9 one workspace-proxy", one("workspace-proxy"), recoverLimit},
-		{"kill -9 one supervisor", one("supervisor"), recoverLimit},
+		{"kill -9 the active supervisor", func() []*proc { return sys.activeSupervisor(ctx, js) }, recoverLimit},
 		{"kill -9 the NATS node leading " + bus.StreamEvents, func() []*proc { return sys.streamLeader(ctx, js) }, recoverLimit},
 		{"kill -9 everything, restart everything", sys.all, recoverAllLimit},
 	} {
@@ -341,6 +342,32 @@ func (sys *system) busiestDriver() []*proc {
 	}
 	return []*proc{best}
 }
+
+// activeSupervisor is the supervisor holding the leader key (its id is in
+// the key's value and on every line it logs), else the first one.
+func (sys *system) activeSupervisor(ctx context.Context, js jetstream.JetStream) []*proc {
+	sups := sys.ofKind("supervisor")
+	c, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	kv, err := js.KeyValue(c, bus.BucketOwners)
+	if err != nil {
+		return sups[:1]
+	}
+	e, err := kv.Get(c, supervisorLeaderKey)
+	if err != nil {
+		return sups[:1]
+	}
+	for _, p := range sups {
+		if b, err := os.ReadFile(p.log); err == nil && strings.Contains(string(b), "supervisor="+string(e.Value())) {
+			return []*proc{p}
+		}
+	}
+	return sups[:1]
+}
+
+// supervisorLeaderKey is supervisor.LeaderKey (a service package, not
+// importable from here without the whole supervisor module).
+const supervisorLeaderKey = "_supervisor"
 
 // streamLeader is the NATS node leading the events stream (the hardest
 // node to lose: appends stall until a new leader is elected).

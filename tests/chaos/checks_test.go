@@ -88,7 +88,7 @@ func waitServed(ctx context.Context, sessions []*session, since time.Time, limit
 			return time.Since(since), nil
 		}
 		if ctx.Err() != nil {
-			return 0, fmt.Errorf("not served %v after the fault:\n    %s", limit, strings.Join(not, "\n    "))
+			return 0, fmt.Errorf("%d of %d sessions not served %v after the fault (%s)\n    %s", len(not), len(sessions), limit, not[0], strings.Join(not, "\n    "))
 		}
 		sleepCtx(ctx, 200*time.Millisecond)
 	}
