@@ -45,11 +45,11 @@ func TestChaos(t *testing.T) {
 		scancel()
 		t.Fatalf("start the NATS cluster: %v", err)
 	}
-	if err := startAll(sctx, sys.services); err != nil {
-		scancel()
-		t.Fatalf("start the services: %v", err)
-	}
+	err := startAll(sctx, sys.services)
 	scancel()
+	if err != nil {
+		t.Fatalf("start the services: %v (exits: %v)", err, sys.takeCrashes())
+	}
 	t.Logf("chaos: 3 NATS nodes and %d services up in %v (work dir %s)", len(sys.services), time.Since(t0).Round(time.Millisecond), sys.dir)
 
 	nc, js, err := sys.connectJS()
@@ -102,10 +102,10 @@ func TestChaos(t *testing.T) {
 	created := time.Now()
 	d, err := waitServed(ctx, sessions, created, 90*time.Second)
 	if err != nil {
-		row("start-up", "never", []string{err.Error()})
+		row("start-up", "never", append(sys.takeCrashes(), err.Error()))
 		t.FailNow()
 	}
-	row("start-up (create → served)", d.Round(time.Millisecond).String(), sys.check(ctx, sessions))
+	row("start-up (create → served)", d.Round(time.Millisecond).String(), append(sys.takeCrashes(), sys.check(ctx, sessions)...))
 
 	live := append([]*session{}, sessions...)
 	one := func(kind string) func() []*proc {
@@ -132,6 +132,8 @@ func TestChaos(t *testing.T) {
 			t.Logf("chaos: %s: %s", f.name, strings.Join(names, ", "))
 			served, failures := sys.inject(ctx, victims, live, f.limit)
 			failures = append(failures, sys.check(ctx, live)...)
+			// Any process that ended on its own meanwhile is a finding too.
+			failures = append(failures, sys.takeCrashes()...)
 			for _, x := range failures {
 				t.Error(x)
 			}
@@ -195,6 +197,7 @@ func TestChaos(t *testing.T) {
 			s.mu.Unlock()
 		}
 		failures = append(failures, sys.checkOrphans(kept, true)...)
+		failures = append(failures, sys.takeCrashes()...)
 		if _, err := waitServed(ctx, kept, time.Now(), 20*time.Second); err != nil {
 			failures = append(failures, "the remaining sessions: "+err.Error())
 		}
@@ -258,13 +261,6 @@ func (sys *system) inject(ctx context.Context, victims []*proc, live []*session,
 			served = "never"
 		} else {
 			served = fmt.Sprintf("not with it down; %v after its restart", d.Round(time.Millisecond))
-		}
-	}
-	// Any process that exited on its own meanwhile is a finding too.
-	for _, p := range sys.all() {
-		if p.exitedEarly() {
-			failures = append(failures, fmt.Sprintf("%s exited on its own:\n%s", p.name, tail(p.log, 15)))
-			_ = p.start()
 		}
 	}
 	return served, failures

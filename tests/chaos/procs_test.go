@@ -28,9 +28,13 @@ type proc struct {
 	// ready is polled after a start until it returns nil.
 	ready func(ctx context.Context) error
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	// crashed is called when the process ends without the suite killing it.
+	crashed func(p *proc, state string)
+
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	done    chan struct{}
+	killing bool // the suite is killing it: its exit is no crash
 }
 
 func (p *proc) start() error {
@@ -62,9 +66,15 @@ func (p *proc) start() error {
 	go func() {
 		_ = cmd.Wait()
 		_ = out.Close()
+		p.mu.Lock()
+		killed := p.killing
+		p.mu.Unlock()
 		close(done)
+		if !killed && p.crashed != nil {
+			p.crashed(p, cmd.ProcessState.String())
+		}
 	}()
-	p.cmd, p.done = cmd, done
+	p.cmd, p.done, p.killing = cmd, done, false
 	return nil
 }
 
@@ -87,6 +97,7 @@ func (p *proc) pid() int {
 func (p *proc) kill9() {
 	p.mu.Lock()
 	cmd, done := p.cmd, p.done
+	p.killing = true
 	p.mu.Unlock()
 	if cmd == nil {
 		return
@@ -104,28 +115,11 @@ func (p *proc) note(what string) {
 	}
 }
 
-// exitedEarly reports a process that ended on its own.
-func (p *proc) exitedEarly() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd == nil {
-		return false
-	}
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// waitReady polls ready until it passes, the process dies or ctx ends.
+// waitReady polls ready until it passes or ctx ends (a process that dies
+// meanwhile is restarted by the crash watcher, see system.crashed).
 func (p *proc) waitReady(ctx context.Context) error {
 	var last error
 	for {
-		if p.exitedEarly() {
-			return fmt.Errorf("%s exited during start-up (%s):\n%s", p.name, p.cmd.ProcessState, tail(p.log, 20))
-		}
 		c, cancel := context.WithTimeout(ctx, 2*time.Second)
 		last = p.ready(c)
 		cancel()
@@ -199,6 +193,10 @@ type system struct {
 	edges    []string     // base URLs of the api-edges
 	monitor  []string     // NATS monitoring base URLs
 	reported map[int]bool // orphan pids already reported
+
+	mu      sync.Mutex
+	crashes []string // processes that ended on their own
+	closing bool     // teardown: restart nothing
 }
 
 // binaries the suite runs, from the environment the Makefile sets.
@@ -314,6 +312,9 @@ func newSystem(t *testing.T, bins binaries) *system {
 		add("workspace-proxy", i)
 		add("supervisor", i)
 	}
+	for _, p := range s.all() {
+		p.crashed = s.crashed
+	}
 	t.Cleanup(s.teardown)
 	return s
 }
@@ -382,7 +383,7 @@ func (s *system) waitMetaLeader(ctx context.Context) error {
 	}
 }
 
-// startServices starts processes concurrently and waits until each is ready.
+// startAll starts processes and waits until each is ready.
 func startAll(ctx context.Context, ps []*proc) error {
 	for _, p := range ps {
 		if err := p.start(); err != nil {
@@ -402,6 +403,34 @@ func startAll(ctx context.Context, ps []*proc) error {
 	return first
 }
 
+// crashed records a process that ended on its own as a finding and
+// restarts it a second later, as Kubernetes would (restartPolicy Always).
+func (s *system) crashed(p *proc, state string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.crashes = append(s.crashes, fmt.Sprintf("%s exited on its own (%s); restarted:\n%s", p.name, state, tail(p.log, 4)))
+	if s.closing {
+		return
+	}
+	time.AfterFunc(time.Second, func() {
+		s.mu.Lock()
+		closing := s.closing
+		s.mu.Unlock()
+		if !closing && p.pid() == 0 {
+			_ = p.start()
+		}
+	})
+}
+
+// takeCrashes returns the crashes recorded since the last call.
+func (s *system) takeCrashes() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.crashes
+	s.crashes = nil
+	return c
+}
+
 // driverPIDs are the live pod-driver processes.
 func (s *system) driverPIDs() map[int]string {
 	m := map[int]string{}
@@ -417,6 +446,9 @@ func (s *system) driverPIDs() map[int]string {
 // still runs in the work dir (orphaned workloads), and removes the work dir
 // unless the suite failed (its logs are kept and named).
 func (s *system) teardown() {
+	s.mu.Lock()
+	s.closing = true
+	s.mu.Unlock()
 	for _, p := range s.all() {
 		if p.pid() != 0 {
 			p.kill9()
