@@ -140,7 +140,8 @@ func prefixed(p string, xs []string) []string {
 }
 
 // checkTree compares the workspace with what the client wrote (the marker
-// file is the runner's and only its presence is checked).
+// file is the runner's and only its presence is checked). A difference is
+// reported by the first check that sees it.
 func (s *session) checkTree(ctx context.Context) []string {
 	resp, err := doJSON(ctx, "GET", s.edge(0)+"/v1/sessions/"+s.id+"/workspace", nil)
 	if err != nil || resp.Status != 200 {
@@ -162,8 +163,31 @@ func (s *session) checkTree(ctx context.Context) []string {
 		sum := sha256.Sum256([]byte(c))
 		want[p] = hex.EncodeToString(sum[:])
 	}
+	for p, h := range s.accepted { // losses an earlier check reported
+		if h == "" {
+			delete(want, p)
+		} else {
+			want[p] = h
+		}
+	}
 	s.mu.Unlock()
 	var out []string
+	defer func() {
+		// Report a loss once: the tree as found is the base of the next
+		// check, until the client writes the path again.
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for p, w := range want {
+			if got[p] != w {
+				s.accepted[p] = got[p]
+			}
+		}
+		for p, h := range got {
+			if _, ok := want[p]; !ok {
+				s.accepted[p] = h
+			}
+		}
+	}()
 	if _, ok := got["telo-workspace.yaml"]; !ok {
 		out = append(out, "workspace: the marker telo-workspace.yaml is missing")
 	}

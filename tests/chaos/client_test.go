@@ -102,6 +102,7 @@ type session struct {
 	pending   []wsOp            // writes not yet confirmed
 	revs      map[string]int    // manifest revision per app
 	genBroken map[string]bool   // a generation break already reported
+	accepted  map[string]string // path → hash found by a check that reported it ("" absent)
 	notes     int
 
 	pause  chan chan struct{} // editor loop: pause request, answered when idle
@@ -222,7 +223,7 @@ func createSession(ctx context.Context, edges []string, n int) (*session, error)
 	}
 	s := &session{
 		id: c.SessionID, edges: edges, io: map[string]*ioChan{},
-		files: map[string]string{"README.md": "chaos\n"}, revs: map[string]int{}, genBroken: map[string]bool{},
+		files: map[string]string{"README.md": "chaos\n"}, revs: map[string]int{}, genBroken: map[string]bool{}, accepted: map[string]string{},
 		pause: make(chan chan struct{}), resume: make(chan struct{}, 1),
 	}
 	for _, a := range chaosApps {
@@ -613,6 +614,7 @@ func (s *session) send(ctx context.Context, edge string, op wsOp) bool {
 	} else {
 		s.files[op.path] = op.content
 	}
+	delete(s.accepted, op.path)
 	for i, p := range s.pending {
 		if p == op {
 			s.pending = append(s.pending[:i], s.pending[i+1:]...)
