@@ -73,7 +73,7 @@ func Permissions(role string) (Permission, error) {
 	var g grant
 	switch role {
 	case RoleEdge:
-		g.pub(SubjectCmdStart, SubjectCmdAdopt, SubjectCtlPrefix+"*.*", SubjectWSPrefix+"*.*", SubjectProbe)
+		g.pub(SubjectCmdStart, SubjectCmdStartPrefix+"*", SubjectCmdAdopt, SubjectCtlPrefix+"*.*", SubjectWSPrefix+"*.*", SubjectProbe)
 		g.sub(SubjectEventsPrefix + "*") // the fan-out hub and io's terminal watch
 		g.log(StreamEvents, SubjectEventsPrefix+"*")
 		g.log(StreamIO, "") // read, and purge on eviction
@@ -90,6 +90,9 @@ func Permissions(role string) (Permission, error) {
 		g.obj(ObjectBundles, ObjectBlobs)
 	case RoleSupervisor:
 		g.pub(SubjectCmdAdopt, SubjectCtlPrefix+"*.*", SubjectWSPrefix+"*.*")
+		// A queued start of a session: the last message of its start
+		// subject, read by direct get (no consumer on the work queue).
+		g.pub(api("STREAM.INFO", StreamCmd), api("DIRECT.GET", StreamCmd)+"."+SubjectCmdStartPrefix+"*")
 		g.log(StreamEvents, SubjectEventsPrefix+"*")
 		g.log(StreamIO, "") // purge on eviction
 		g.kv(BucketSessions, BucketOwners, BucketPresence, BucketAdmission, BucketCheckpoints)

@@ -260,3 +260,30 @@ func TestSubscriberReadsEvents(t *testing.T) {
 		t.Fatalf("direct get = %v, %v", m, err)
 	}
 }
+
+// A start command travels on its session's subject (runner.cmd.start.<id>):
+// the edge may queue it, and the supervisor may find it queued (stream info
+// and a direct get of that subject), as the services do under their roles.
+func TestStartCommandUnderRoles(t *testing.T) {
+	s := testkit.StartJetStream(t)
+	testkit.Provision(t, s, bus.Limits{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const id = "aaaaaaaaaaaa"
+	_, edge := testkit.Connect(t, s, bus.RoleEdge)
+	if _, err := edge.Publish(ctx, bus.CmdStartSubject(id), []byte(id)); err != nil {
+		t.Fatalf("edge: queue the start of %s: %v", id, err)
+	}
+	_, sup := testkit.Connect(t, s, bus.RoleSupervisor)
+	cmds, err := sup.Stream(ctx, bus.StreamCmd)
+	if err != nil {
+		t.Fatalf("supervisor: open %s: %v", bus.StreamCmd, err)
+	}
+	m, err := cmds.GetLastMsgForSubject(ctx, bus.CmdStartSubject(id))
+	if err != nil {
+		t.Fatalf("supervisor: find the queued start of %s: %v", id, err)
+	}
+	if string(m.Data) != id {
+		t.Fatalf("queued start = %q, want %q", m.Data, id)
+	}
+}
