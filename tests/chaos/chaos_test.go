@@ -45,7 +45,13 @@ func TestChaos(t *testing.T) {
 		scancel()
 		t.Fatalf("start the NATS cluster: %v", err)
 	}
-	err := startAll(sctx, sys.services)
+	// As the install's provisioning step: the services wait for the bus.
+	err := sys.provision(sctx)
+	if err != nil {
+		scancel()
+		t.Fatalf("provision the bus: %v", err)
+	}
+	err = startAll(sctx, sys.services)
 	scancel()
 	if err != nil {
 		t.Fatalf("start the services: %v (exits: %v)", err, sys.takeCrashes())
@@ -323,16 +329,17 @@ func lost(ctx context.Context, s *session) string {
 	return ""
 }
 
-// busiestDriver is the pod-driver that parents the most workload processes.
+// busiestDriver is the pod-driver the most workload processes descend from.
 func (sys *system) busiestDriver() []*proc {
-	counts := map[int]int{}
+	counts := map[string]int{}
+	live := sys.driverPIDs()
 	for _, p := range scanWorkProcs(sys.workDir) {
-		counts[p.ppid]++
+		counts[driverOf(p, live)]++
 	}
 	drivers := sys.ofKind("pod-driver")
 	best := drivers[0]
 	for _, d := range drivers {
-		if counts[d.pid()] > counts[best.pid()] {
+		if counts[d.name] > counts[best.name] {
 			best = d
 		}
 	}

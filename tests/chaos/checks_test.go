@@ -303,6 +303,29 @@ func ppidOf(pid int) int {
 	return n
 }
 
+// sandboxStage1 is the command line of a local sandbox's stage 1 (the
+// pod-driver's binary re-exec'd as the parent of one workload process, in
+// the workload's directory).
+const sandboxStage1 = "telorunner-sandbox"
+
+// driverOf is the live pod-driver a workload process descends from ("" if
+// none): a sandboxed workload is the child of its sandbox's stage 1 (the
+// driver's binary re-exec'd in new namespaces), itself the driver's child,
+// so the chain of parents is walked (a few steps; pid 1 ends it).
+func driverOf(p workProc, drivers map[int]string) string {
+	pid := p.ppid
+	for range 8 {
+		if pid <= 1 {
+			return ""
+		}
+		if name := drivers[pid]; name != "" {
+			return name
+		}
+		pid = ppidOf(pid)
+	}
+	return ""
+}
+
 // sessionOf is the session id a workload process belongs to: the first
 // element of its path under RUNNER_WORK_DIR.
 func sessionOf(workDir string, p workProc) string {
@@ -345,13 +368,17 @@ func (sys *system) checkOrphans(live []*session, final bool) []string {
 			continue // an orphan reported by an earlier check
 		}
 		id := sessionOf(sys.workDir, p)
+		owner := driverOf(p, drivers)
 		switch {
-		case drivers[p.ppid] == "":
+		case owner == "":
 			sys.reported[p.pid] = true
-			out = append(out, fmt.Sprintf("orphan process %d (parent %d is no live pod-driver; session %q): %s", p.pid, p.ppid, id, p.cmd))
+			out = append(out, fmt.Sprintf("orphan process %d (parent %d; no live pod-driver among its ancestors; session %q): %s", p.pid, p.ppid, id, p.cmd))
 		case !liveIDs[id]:
 			sys.reported[p.pid] = true
-			out = append(out, fmt.Sprintf("process %d of %s belongs to no live session (%q): %s", p.pid, drivers[p.ppid], id, p.cmd))
+			out = append(out, fmt.Sprintf("process %d of %s belongs to no live session (%q): %s", p.pid, owner, id, p.cmd))
+		case p.cmd == sandboxStage1:
+			// The sandbox around one workload process: owned and of a
+			// live session (checked above), not a workload itself.
 		default:
 			per[id] = append(per[id], p)
 		}
@@ -361,7 +388,7 @@ func (sys *system) checkOrphans(live []*session, final bool) []string {
 		if len(ps) != 1+len(chaosApps) {
 			var cmds []string
 			for _, p := range ps {
-				cmds = append(cmds, fmt.Sprintf("%d (child of %s): %s", p.pid, drivers[p.ppid], p.cmd))
+				cmds = append(cmds, fmt.Sprintf("%d (under %s): %s", p.pid, driverOf(p, drivers), p.cmd))
 			}
 			out = append(out, fmt.Sprintf("session %s runs %d workload processes, want %d (one workspace-server, one kernel per app): %s",
 				s.id, len(ps), 1+len(chaosApps), strings.Join(cmds, "; ")))
@@ -370,9 +397,14 @@ func (sys *system) checkOrphans(live []*session, final bool) []string {
 	return out
 }
 
-// connectJS connects to the cluster the way the services do.
+// connectJS connects to the cluster as the suite's test-only inspector
+// (inspectorUser: it reads every stream and bucket, which no role may).
 func (sys *system) connectJS() (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := nats.Connect(strings.Join(sys.natsURLs, ","), nats.Name("chaos-suite"), nats.MaxReconnects(-1))
+	auth, err := nats.NkeyOptionFromSeed(sys.creds.inspectorSeed)
+	if err != nil {
+		return nil, nil, err
+	}
+	nc, err := nats.Connect(strings.Join(sys.natsURLs, ","), nats.Name("chaos-suite"), nats.MaxReconnects(-1), auth)
 	if err != nil {
 		return nil, nil, err
 	}

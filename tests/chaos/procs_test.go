@@ -193,6 +193,9 @@ type system struct {
 	edges    []string     // base URLs of the api-edges
 	monitor  []string     // NATS monitoring base URLs
 	reported map[int]bool // orphan pids already reported
+	bins     binaries
+	creds    *credentials
+	common   []string // the environment every service and `telorunner provision` share
 
 	mu      sync.Mutex
 	crashes []string // processes that ended on their own
@@ -212,7 +215,7 @@ func needBinaries(t *testing.T) binaries {
 	if b.dir == "" {
 		missing = append(missing, "TELORUNNER_BIN (the repository's bin/ after `make build`)")
 	} else {
-		for _, name := range []string{"api-edge", "pod-driver", "supervisor", "workspace-proxy", "devkernel", "workspace-server"} {
+		for _, name := range []string{"telorunner", "api-edge", "pod-driver", "supervisor", "workspace-proxy", "devkernel", "workspace-server"} {
 			if st, err := os.Stat(filepath.Join(b.dir, name)); err != nil || st.IsDir() {
 				missing = append(missing, filepath.Join(b.dir, name)+" (make build)")
 			}
@@ -229,9 +232,8 @@ func needBinaries(t *testing.T) binaries {
 	return b
 }
 
-// Tunables of the processes under test. Owner TTL is not settable on a
-// standalone pod-driver (15 s, driver.LoadConfig), so recovery deadlines
-// are expressed in it.
+// Tunables of the processes under test; recovery deadlines are expressed
+// in the owner TTL (RUNNER_OWNER_TTL_MS, its default).
 const (
 	ownerTTL       = 15 * time.Second
 	supervisorTick = 500 * time.Millisecond
@@ -244,7 +246,7 @@ func newSystem(t *testing.T, bins binaries) *system {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &system{t: t, dir: dir, workDir: filepath.Join(dir, "work"), reported: map[int]bool{}}
+	s := &system{t: t, dir: dir, workDir: filepath.Join(dir, "work"), reported: map[int]bool{}, bins: bins}
 	for _, d := range []string{s.workDir, filepath.Join(dir, "logs")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
@@ -257,17 +259,19 @@ func newSystem(t *testing.T, bins binaries) *system {
 	for _, p := range route {
 		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", p))
 	}
+	s.creds = generateCredentials(t, bins, filepath.Join(dir, "credentials"))
 	for i := range 3 {
 		name := fmt.Sprintf("nats-%d", i+1)
+		conf := filepath.Join(dir, name+".conf")
+		if err := os.WriteFile(conf, []byte(natsConfig(t, s.creds, name, client[i], route[i], mon[i], filepath.Join(dir, name), routes)), 0o644); err != nil {
+			t.Fatal(err)
+		}
 		s.natsURLs = append(s.natsURLs, fmt.Sprintf("nats://127.0.0.1:%d", client[i]))
 		monURL := fmt.Sprintf("http://127.0.0.1:%d", mon[i])
 		s.monitor = append(s.monitor, monURL)
 		s.nats = append(s.nats, &proc{
 			name: name, kind: "nats",
-			argv: []string{bins.natsServer, "--name", name, "-a", "127.0.0.1", "-p", fmt.Sprint(client[i]),
-				"-js", "-sd", filepath.Join(dir, name),
-				"--cluster_name", "chaos", "--cluster", fmt.Sprintf("nats://127.0.0.1:%d", route[i]),
-				"--routes", strings.Join(routes, ","), "-m", fmt.Sprint(mon[i])},
+			argv:  []string{bins.natsServer, "-c", conf},
 			env:   []string{"PATH=" + os.Getenv("PATH")},
 			log:   filepath.Join(dir, "logs", name+".log"),
 			ready: httpOK(monURL + "/healthz"),
@@ -278,6 +282,7 @@ func newSystem(t *testing.T, bins binaries) *system {
 		"HOME=" + os.Getenv("HOME"),
 		"RUNNER_NATS_URL=" + strings.Join(s.natsURLs, ","),
 		"RUNNER_NATS_REPLICAS=3",
+		"RUNNER_OWNER_TTL_MS=" + fmt.Sprint(ownerTTL.Milliseconds()),
 		"LOG_LEVEL=info", "LOG_FORMAT=text",
 		"RUNNER_WATCH_SESSIONS=true",
 		"RUNNER_WORK_DIR=" + s.workDir,
@@ -287,11 +292,13 @@ func newSystem(t *testing.T, bins binaries) *system {
 		"RUNNER_WORKSPACE_CHECKPOINT_SECONDS=10",
 		"RUNNER_SUPERVISOR_TICK_MS=" + fmt.Sprint(supervisorTick.Milliseconds()),
 	}
+	s.common = common
 	ops := ports[11:]
 	add := func(kind string, i int, extra ...string) {
 		name := fmt.Sprintf("%s-%c", kind, 'a'+i)
 		opsAddr := fmt.Sprintf("127.0.0.1:%d", ops[len(s.services)])
-		env := append(append([]string{}, common...), "RUNNER_OPS_ADDR="+opsAddr)
+		env := append(append([]string{}, common...), "RUNNER_OPS_ADDR="+opsAddr,
+			"RUNNER_NATS_NKEY_FILE="+s.creds.seed(roleOf[kind]))
 		p := &proc{
 			name: name, kind: kind,
 			argv:  []string{filepath.Join(bins.dir, kind)},
