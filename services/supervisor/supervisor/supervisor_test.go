@@ -210,7 +210,7 @@ func ticks(t *testing.T, e env, n int) {
 
 func publish(t *testing.T, e env, subject, id string) {
 	t.Helper()
-	js, err := jetstream.New(e.nc)
+	js, err := jetstream.New(e.observer) // the edge's publish, not the supervisor's
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +243,7 @@ func TestSlowStartOfResumedSessionIsNeverAdopted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	adopts, err := e.nc.SubscribeSync(bus.SubjectCmdAdopt)
+	adopts, err := e.observer.SubscribeSync(bus.SubjectCmdAdopt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +278,7 @@ func TestSessionWhoseOwnerDiedIsAdopted(t *testing.T) {
 	if err := e.store.Create(ctx, session.Record{ID: lost, Mode: contract.ModeWatch, Status: contract.Status{Kind: contract.StatusStarting}, CreatedAt: now, StartRequestedAt: &requested}); err != nil {
 		t.Fatal(err)
 	}
-	adopts, err := e.nc.SubscribeSync(bus.SubjectCmdAdopt)
+	adopts, err := e.observer.SubscribeSync(bus.SubjectCmdAdopt)
 	if err != nil {
 		t.Fatal(err)
 	}
