@@ -106,7 +106,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	if err != nil {
 		return fmt.Errorf("open stream %s: %w", bus.StreamCmd, err)
 	}
-	s := &sup{cfg: cfg, nc: d.NC, store: store, cps: cps, cmds: cmds, log: log, now: d.Now,
+	s := &sup{cfg: cfg, nc: d.NC, store: store, cps: cps, cmds: cmds, log: log, now: d.Now, ownerTTL: bus.Limits.Defaults(d.Limits).OwnerTTL,
 		busy: map[string]bool{}, lastCheckpoint: map[string]time.Time{}, m: newMetrics(d.Registry)}
 	t := time.NewTicker(cfg.Tick)
 	defer t.Stop()
@@ -132,6 +132,7 @@ type sup struct {
 	store     *session.Store
 	cps       *checkpoint.Store
 	cmds      jetstream.Stream // RUNNER_CMD: queued start commands
+	ownerTTL  time.Duration    // the owners bucket's TTL: the adopt request window
 	log       *slog.Logger
 	now       func() time.Time
 	m         metrics
@@ -260,8 +261,12 @@ func (s *sup) owned(ctx context.Context, rec session.Record) bool {
 	}
 	msg := &nats.Msg{Subject: bus.SubjectCmdAdopt, Data: []byte(rec.ID), Header: nats.Header{}}
 	msg.Header.Set(bus.HeaderSession, rec.ID)
-	// One adopt request per session per minute at most.
-	msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("adopt-%s-%d", rec.ID, s.now().Unix()/60))
+	// One adopt request per session per owner TTL at most. A request handed
+	// to a driver that died before acking it waits out the consumer's ack
+	// wait; the next window's request reaches a live driver sooner (an
+	// adopter claims the owner key first, so a late duplicate does nothing).
+	window := max(s.ownerTTL.Milliseconds(), 1)
+	msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("adopt-%s-%d", rec.ID, s.now().UnixMilli()/window))
 	if _, err := s.store.JS.PublishMsg(ctx, msg); err != nil {
 		s.log.Warn("request adoption", "session", rec.ID, "err", err)
 	} else {

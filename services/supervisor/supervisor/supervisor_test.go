@@ -299,3 +299,36 @@ func TestSessionWhoseOwnerDiedIsAdopted(t *testing.T) {
 	}
 	t.Logf("adoption requested %v after the owner's last renewal (owner TTL %v, tick 50ms)", seen[died], e.lim.OwnerTTL)
 }
+
+// An adopt request that reached no live driver (handed to one that died
+// before acking it) is repeated once per owner TTL while the session stays
+// ownerless, not once a minute: the repeat reaches a live driver within
+// the failover bound.
+func TestAdoptRequestRepeatsEachOwnerTTL(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	const id = "jjjjjjjjjjjj"
+	if err := e.store.Create(ctx, session.Record{ID: id, Mode: contract.ModeWatch, Status: contract.Status{Kind: contract.StatusRunning}, CreatedAt: time.Now().UTC()}); err != nil {
+		t.Fatal(err)
+	}
+	e.run(t, Config{Tick: 50 * time.Millisecond, AdoptAfter: 30 * time.Second})
+	js, err := jetstream.New(e.observer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := func() uint64 {
+		st, err := js.Stream(ctx, bus.StreamCmd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := st.Info(ctx, jetstream.WithSubjectFilter(bus.SubjectCmdAdopt))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Subjects[bus.SubjectCmdAdopt]
+	}
+	// Owner TTL 1 s: within 3.5 s at least three windows began, while a
+	// per-minute window stores at most two requests.
+	testkit.Eventually(t, 3500*time.Millisecond, func() bool { return stored() >= 3 },
+		"adopt requests stored for an ownerless session: want one per owner TTL")
+}
