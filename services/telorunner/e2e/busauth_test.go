@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -25,18 +26,11 @@ import (
 // credential.
 func TestBusAuthAllInOne(t *testing.T) {
 	dir := t.TempDir()
-	envDir := t.TempDir()
-	// A kernel wrapper leaves each workload's environment in envDir.
-	wrapper := filepath.Join(dir, "kernel.sh")
-	script := fmt.Sprintf("#!/bin/sh\nenv > %q/env-$$\nexec %s \"$@\"\n", envDir, devkernel)
-	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
 	// What a standalone driver would have in its own environment.
 	t.Setenv("RUNNER_NATS_NKEY_FILE", filepath.Join(dir, "driver.nk"))
 	port := freePort(t)
 	dataDir := filepath.Join(dir, "data")
-	vars := map[string]string{"RUNNER_DATA_DIR": dataDir, "RUNNER_NATS_PORT": fmt.Sprint(port), "RUNNER_KERNEL_COMMAND": wrapper}
+	vars := map[string]string{"RUNNER_DATA_DIR": dataDir, "RUNNER_NATS_PORT": fmt.Sprint(port)}
 	r := startRunner(t, vars)
 
 	anon, err := nats.Connect(fmt.Sprintf("nats://127.0.0.1:%d", port))
@@ -99,14 +93,27 @@ func TestBusAuthAllInOne(t *testing.T) {
 		return strings.Contains(strings.Join(refusals, "\n"), want)
 	}, "subscriber publish on runner.ctl not refused")
 
-	// No workload environment names or holds a credential.
-	envs, _ := filepath.Glob(filepath.Join(envDir, "env-*"))
-	if len(envs) == 0 {
-		t.Fatal("the kernel wrapper left no environment")
-	}
-	for _, f := range envs {
-		b, _ := os.ReadFile(f)
-		env := string(b)
+	// No workload environment names or holds a credential: the kernel of a
+	// session that keeps running, its environment read from /proc.
+	live2 := r.create(t, runBody(manifest("authed-live", nil, nil), nil, false))
+	home := []byte("HOME=" + filepath.Join(dataDir, "sessions", live2.SessionID, "home") + "\x00")
+	var envs [][]byte
+	testkit.Eventually(t, 30*time.Second, func() bool {
+		envs = nil
+		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+		for _, p := range procs {
+			cmd, err := os.ReadFile(p)
+			if err != nil || !bytes.HasPrefix(cmd, []byte(devkernel)) {
+				continue
+			}
+			if env, err := os.ReadFile(filepath.Join(filepath.Dir(p), "environ")); err == nil && bytes.Contains(env, home) {
+				envs = append(envs, env)
+			}
+		}
+		return len(envs) > 0
+	}, "no kernel process of session %s found", live2.SessionID)
+	for _, b := range envs {
+		env := strings.ReplaceAll(string(b), "\x00", "\n")
 		for role, seed := range seeds {
 			if strings.Contains(env, seed) {
 				t.Fatalf("workload env holds the %s seed", role)

@@ -109,7 +109,9 @@ func TestWatchCredentialBoundary(t *testing.T) {
 func TestOperatorAppEnvFromDriverConfig(t *testing.T) {
 	dir := t.TempDir()
 	image := filepath.Join(dir, "op.sh")
-	if err := os.WriteFile(image, []byte(fmt.Sprintf("#!/bin/sh\nenv > %q/op-env.tmp && mv %q/op-env.tmp %q/op-env\nexec sleep 600\n", dir, dir, dir)), 0o755); err != nil {
+	// It leaves its environment in its home, the session directory the
+	// sandbox lets it write.
+	if err := os.WriteFile(image, []byte("#!/bin/sh\nenv > \"$HOME/op-env.tmp\" && mv \"$HOME/op-env.tmp\" \"$HOME/op-env\"\nexec sleep 600\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	r := startRunner(t, map[string]string{"RUNNER_APPS": fmt.Sprintf(`{"op":{"image":%q,"env":{"OP_SECRET":"0p-s3cr3t","MINE":"operator"}}}`, image)})
@@ -121,7 +123,11 @@ func TestOperatorAppEnvFromDriverConfig(t *testing.T) {
 	resp.json(t, &c)
 	var env string
 	testkit.Eventually(t, 30*time.Second, func() bool {
-		b, err := os.ReadFile(filepath.Join(dir, "op-env"))
+		found, _ := filepath.Glob(filepath.Join(r.DataDir, "sessions", "*", "home", "op-env"))
+		if len(found) != 1 {
+			return false
+		}
+		b, err := os.ReadFile(found[0])
 		env = string(b)
 		return err == nil
 	}, "operator app did not start")
