@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"github.com/telorunner/telorunner/pkg/testkit"
 	"os"
 	"strings"
 	"sync"
@@ -186,13 +187,10 @@ func TestChaos(t *testing.T) {
 		deadline := time.Now().Add(exitTTL + 30*time.Second)
 		for _, s := range gone {
 			var left []string
-			for {
+			testkit.Poll(ctx, time.Until(deadline), func() bool {
 				left = leftovers(ctx, js, s.id)
-				if len(left) == 0 || time.Now().After(deadline) {
-					break
-				}
-				time.Sleep(500 * time.Millisecond)
-			}
+				return len(left) == 0
+			})
 			for _, l := range left {
 				failures = append(failures, fmt.Sprintf("deleted session %s still in JetStream %v after its exit TTL: %s", s.id, exitTTL+30*time.Second, l))
 			}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/telorunner/telorunner/pkg/testkit"
 	"os"
 	"path/filepath"
 	"slices"
@@ -52,19 +53,16 @@ func (s *session) served(ctx context.Context, probe int) string {
 		// The client cuts its io sockets on purpose every few seconds:
 		// allow a reconnect before calling the channel down.
 		deadline := time.Now().Add(3 * time.Second)
-		err := c.send([]byte(token + "\n"))
-		for err != nil && time.Now().Before(deadline) && ctx.Err() == nil {
-			time.Sleep(50 * time.Millisecond)
+		var err error
+		testkit.Poll(ctx, time.Until(deadline), func() bool {
 			err = c.send([]byte(token + "\n"))
-		}
+			return err == nil
+		})
 		if err != nil {
 			return fmt.Sprintf("app %s: io: %v", a.name, err)
 		}
-		for !c.sawOutput("echo: " + token) {
-			if time.Now().After(deadline) || ctx.Err() != nil {
-				return fmt.Sprintf("app %s: typed %q, no echo within 3s", a.name, token)
-			}
-			time.Sleep(50 * time.Millisecond)
+		if !testkit.Poll(ctx, time.Until(deadline), func() bool { return c.sawOutput("echo: " + token) }) {
+			return fmt.Sprintf("app %s: typed %q, no echo within 3s", a.name, token)
 		}
 	}
 	return ""
@@ -247,16 +245,12 @@ func (s *session) reloadContinues(ctx context.Context) []string {
 	deadline := time.Now().Add(20 * time.Second)
 	var out []string
 	for _, a := range chaosApps {
-		for {
-			gens := s.runStarts(a.name)
-			if len(gens) > before[a.name] {
-				break
-			}
-			if time.Now().After(deadline) {
-				out = append(out, fmt.Sprintf("app %s: no run started within 20s of a reload (generations so far %v)", a.name, gens))
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
+		var gens []int
+		if !testkit.Poll(ctx, time.Until(deadline), func() bool {
+			gens = s.runStarts(a.name)
+			return len(gens) > before[a.name]
+		}) {
+			out = append(out, fmt.Sprintf("app %s: no run started within 20s of a reload (generations so far %v)", a.name, gens))
 		}
 	}
 	return out

@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"github.com/telorunner/telorunner/pkg/testkit"
 	"os/exec"
 	"slices"
 	"strings"
@@ -81,18 +82,14 @@ func TestClaimIdentityAfterKill(t *testing.T) {
 		t.Fatalf("start flock: %v", err)
 	}
 	t.Cleanup(func() { _ = holder.Process.Kill(); _ = holder.Wait() })
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testkit.Eventually(t, 10*time.Second, func() bool {
 		probe, err := claimIdentity(dir, "driver-victim")
 		if err != nil {
-			break // held by the other process
+			return true // held by the other process
 		}
 		probe.release()
-		if time.Now().After(deadline) {
-			t.Fatal("the other process never held the lock")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return false
+	}, "the other process never held the lock")
 	if err := holder.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}

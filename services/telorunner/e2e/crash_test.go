@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
+	"github.com/telorunner/telorunner/pkg/testkit"
 	"net/http"
 	"os"
 	"os/exec"
@@ -84,26 +86,30 @@ func startProcRunner(t *testing.T, name string, vars map[string]string) *procRun
 			}
 		}
 	})
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		resp, err := http.Get(p.URL + "/v1/health")
-		if err == nil {
+	exited := false
+	serving := testkit.Poll(context.Background(), 60*time.Second, func() bool {
+		if resp, err := http.Get(p.URL + "/v1/health"); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
-				return p
+				return true
 			}
 		}
 		select {
 		case <-p.done:
-			b, _ := os.ReadFile(logPath)
-			t.Fatalf("%s exited before serving:\n%s", name, tail(string(b), 40))
+			exited = true
+			return true
 		default:
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not serving within 60s", name)
-		}
-		time.Sleep(20 * time.Millisecond)
+	})
+	if exited {
+		b, _ := os.ReadFile(logPath)
+		t.Fatalf("%s exited before serving:\n%s", name, tail(string(b), 40))
 	}
+	if !serving {
+		t.Fatalf("%s not serving within 60s", name)
+	}
+	return p
 }
 
 // kill9 kills the process with SIGKILL and waits until it is reaped.

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"github.com/telorunner/telorunner/pkg/testkit"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,15 +38,9 @@ func TestSandboxOverHTTP(t *testing.T) {
 	defer otherSSE.Close()
 	otherSSE.until(t, 30*time.Second, isStatus("running"))
 	otherFile := filepath.Join(r.DataDir, "sessions", other.SessionID, "home", "secret-b")
-	poll := time.Now().Add(10 * time.Second)
-	for {
-		if err := os.WriteFile(otherFile, []byte("b-secret"), 0o644); err == nil {
-			break
-		} else if time.Now().After(poll) {
-			t.Fatalf("write the other session's file: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testkit.Eventually(t, 10*time.Second, func() bool {
+		return os.WriteFile(otherFile, []byte("b-secret"), 0o644) == nil
+	}, "the other session's file %s never became writable", otherFile)
 
 	c := r.create(t, hostileBody("probe", map[string]string{"HOSTILE_SECRET": secret, "HOSTILE_OTHER_FILE": otherFile}))
 	sse := openSSE(t, r.URL+c.StreamURL, nil)
