@@ -6,6 +6,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"slices"
 	"strings"
@@ -638,8 +640,15 @@ func kubeAgent(t *testing.T, k *kubeCluster, r *runner) {
 	pod := k.pod(t, id)
 	var tree struct{ Files []struct{ Path string } }
 	testkit.Eventually(t, 30*time.Second, func() bool {
-		resp := do(t, "GET", fmt.Sprintf("http://%s:%d/workspace", pod.Status.PodIP, k.agentPort), nil, nil)
-		return resp.Status == 200 && json.Unmarshal(resp.Body, &tree) == nil && len(tree.Files) > 0
+		// The agent may not listen yet when the session reports running:
+		// a refused connection is "not yet", not a failure.
+		resp, err := http.Get(fmt.Sprintf("http://%s:%d/workspace", pod.Status.PodIP, k.agentPort))
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode == 200 && json.Unmarshal(body, &tree) == nil && len(tree.Files) > 0
 	}, "the agent serving the shared workspace on its port")
 	if !slices.ContainsFunc(tree.Files, func(f struct{ Path string }) bool { return f.Path == "telo.yaml" }) {
 		t.Errorf("the agent's view of the workspace = %+v, want telo.yaml", tree.Files)
