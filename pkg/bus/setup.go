@@ -151,33 +151,55 @@ func DriversConsumerConfig() jetstream.ConsumerConfig {
 }
 
 // WaitProvisioned waits until the bus is provisioned — the drivers'
-// consumer, which Provision creates last, exists — polling until ctx ends
-// or wait passes. Services call it at start instead of provisioning: only
-// the provisioner role may create streams (the all-in-one provisions at
-// boot; a standalone install runs `telorunner provision` first).
-func WaitProvisioned(ctx context.Context, js jetstream.JetStream, log *slog.Logger, wait time.Duration) error {
+// consumer, which Provision creates last, exists — and then until each of
+// opens (the service binding its buckets and streams) succeeds, polling
+// until ctx ends or wait passes. Services call it at start instead of
+// provisioning: only the provisioner role may create streams (the
+// all-in-one provisions at boot; a standalone install runs `telorunner
+// provision` first). A cluster that is still electing its stream leaders
+// (every node restarted at once) answers the first requests with timeouts;
+// those are retried here, not returned, so a service waits for its bus
+// rather than exiting.
+func WaitProvisioned(ctx context.Context, js jetstream.JetStream, log *slog.Logger, wait time.Duration, opens ...func(context.Context) error) error {
 	if log == nil {
 		log = slog.Default()
 	}
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	var last error
-	for logged := false; ; {
+	attempt := func() (string, error) {
 		actx, acancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err := js.Consumer(actx, StreamCmd, ConsumerDrivers)
-		acancel()
-		if err == nil {
+		defer acancel()
+		if _, err := js.Consumer(actx, StreamCmd, ConsumerDrivers); err != nil {
+			return "provisioned", err
+		}
+		for _, open := range opens {
+			if err := open(actx); err != nil {
+				return "bound", err
+			}
+		}
+		return "", nil
+	}
+	var last error
+	var stage string
+	for logged := false; ; {
+		if stage, last = attempt(); last == nil {
 			return nil
 		}
-		last = err
 		if !logged {
-			log.Warn("bus not provisioned yet: waiting (run `telorunner provision` with the provisioner credential)", "err", err)
+			if stage == "provisioned" {
+				log.Warn("bus not provisioned yet: waiting (run `telorunner provision` with the provisioner credential)", "err", last)
+			} else {
+				log.Warn("bus not answering yet: waiting", "err", last)
+			}
 			logged = true
 		}
 		t := time.NewTimer(250 * time.Millisecond)
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			if stage != "provisioned" {
+				return fmt.Errorf("bus not answering within %v: %w", wait, last)
+			}
 			if errors.Is(last, context.DeadlineExceeded) {
 				last = fmt.Errorf("%w (no answer: is this role allowed %s?)", last, "$JS.API.CONSUMER.INFO."+StreamCmd+"."+ConsumerDrivers)
 			}

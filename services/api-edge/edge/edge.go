@@ -81,11 +81,11 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	}
 	lim := d.Limits
 	lim.ReplayBytes = cfg.ReplayBufferBytes
-	if err := bus.WaitProvisioned(ctx, js, log, time.Minute); err != nil {
+	var store *session.Store
+	if err := bus.WaitProvisioned(ctx, js, log, time.Minute, func(ctx context.Context) (err error) {
+		store, err = session.Open(ctx, js, cfg.ReplayBufferBytes)
 		return err
-	}
-	store, err := session.Open(ctx, js, cfg.ReplayBufferBytes)
-	if err != nil {
+	}); err != nil {
 		return err
 	}
 	edgeID := d.EdgeID

@@ -191,11 +191,15 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	if lim.OwnerTTL == 0 {
 		lim.OwnerTTL = cfg.OwnerTTL
 	}
-	if err := bus.WaitProvisioned(ctx, js, log, time.Minute); err != nil {
+	var store *session.Store
+	var cps *checkpoint.Store
+	if err := bus.WaitProvisioned(ctx, js, log, time.Minute, func(ctx context.Context) (err error) {
+		store, err = session.Open(ctx, js, cfg.ReplayBufferBytes)
 		return err
-	}
-	store, err := session.Open(ctx, js, cfg.ReplayBufferBytes)
-	if err != nil {
+	}, func(ctx context.Context) (err error) {
+		cps, err = checkpoint.NewStore(ctx, js, checkpoint.Options{})
+		return err
+	}); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(cfg.WorkDir, 0o755); err != nil {
@@ -243,10 +247,6 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 		}
 		reapLocalOrphans(ctx, lb, store, ident, log)
 		be = lb
-	}
-	cps, err := checkpoint.NewStore(ctx, js, checkpoint.Options{})
-	if err != nil {
-		return err
 	}
 	drv := idriver.New(idriver.Options{ID: ident.ID, NC: d.NC, Store: store, Backend: be, Logger: log, OwnerTTL: lim.Defaults().OwnerTTL,
 		Registry: d.Registry, Checkpoints: cps, Predecessors: append([]string{ident.ID}, ident.Dead...), OperatorEnv: cfg.OperatorEnv})

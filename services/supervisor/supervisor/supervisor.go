@@ -91,20 +91,22 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-	if err := bus.WaitProvisioned(ctx, js, log, time.Minute); err != nil {
+	var store *session.Store
+	var cps *checkpoint.Store
+	var cmds jetstream.Stream
+	if err := bus.WaitProvisioned(ctx, js, log, time.Minute, func(ctx context.Context) (err error) {
+		store, err = session.Open(ctx, js, bus.Limits.Defaults(d.Limits).ReplayBytes)
 		return err
-	}
-	store, err := session.Open(ctx, js, bus.Limits.Defaults(d.Limits).ReplayBytes)
-	if err != nil {
+	}, func(ctx context.Context) (err error) {
+		cps, err = checkpoint.NewStore(ctx, js, checkpoint.Options{})
 		return err
-	}
-	cps, err := checkpoint.NewStore(ctx, js, checkpoint.Options{})
-	if err != nil {
+	}, func(ctx context.Context) (err error) {
+		if cmds, err = js.Stream(ctx, bus.StreamCmd); err != nil {
+			return fmt.Errorf("open stream %s: %w", bus.StreamCmd, err)
+		}
+		return nil
+	}); err != nil {
 		return err
-	}
-	cmds, err := js.Stream(ctx, bus.StreamCmd)
-	if err != nil {
-		return fmt.Errorf("open stream %s: %w", bus.StreamCmd, err)
 	}
 	s := &sup{cfg: cfg, nc: d.NC, store: store, cps: cps, cmds: cmds, log: log, now: d.Now, ownerTTL: bus.Limits.Defaults(d.Limits).OwnerTTL,
 		busy: map[string]bool{}, lastCheckpoint: map[string]time.Time{}, m: newMetrics(d.Registry)}

@@ -1,9 +1,12 @@
 package supervisor
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -331,4 +334,66 @@ func TestAdoptRequestRepeatsEachOwnerTTL(t *testing.T) {
 	// per-minute window stores at most two requests.
 	testkit.Eventually(t, 3500*time.Millisecond, func() bool { return stored() >= 3 },
 		"adopt requests stored for an ownerless session: want one per owner TTL")
+}
+
+// A supervisor started while its bus does not answer for one of its
+// buckets (a cluster still electing stream leaders after a full restart,
+// here a bucket that is gone until the provisioner re-creates it) waits
+// for it and then leads, instead of exiting.
+func TestStartWaitsForItsBuckets(t *testing.T) {
+	lim := bus.Limits{OwnerTTL: time.Second}
+	s := testkit.StartJetStream(t)
+	testkit.Provision(t, s, lim)
+	_, admin := testkit.Connect(t, s, testkit.Admin)
+	ctx := context.Background()
+	if err := admin.DeleteKeyValue(ctx, bus.BucketSessions); err != nil {
+		t.Fatal(err)
+	}
+	nc, _ := testkit.Connect(t, s, bus.RoleSupervisor)
+	logs := &syncBuffer{}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(rctx, Config{ID: "a", Tick: 50 * time.Millisecond}, Deps{NC: nc, Logger: slog.New(slog.NewTextHandler(logs, nil)), Limits: lim})
+	}()
+	testkit.Eventually(t, 10*time.Second, func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("Run() ended while its bucket was missing: %v", err)
+		default:
+		}
+		return strings.Contains(logs.String(), "bus not answering yet")
+	}, "the supervisor reporting that it waits for its bus")
+	testkit.Provision(t, s, lim)
+	_, js := testkit.Connect(t, s, testkit.Admin)
+	owners, err := js.KeyValue(ctx, bus.BucketOwners)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 10*time.Second, func() bool {
+		v, err := owners.Get(ctx, LeaderKey)
+		return err == nil && string(v.Value()) == "a"
+	}, "the supervisor leading once its buckets answer")
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run() = %v", err)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }

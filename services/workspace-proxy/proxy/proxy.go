@@ -54,15 +54,15 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-	if err := bus.WaitProvisioned(ctx, js, log, time.Minute); err != nil {
+	var store *session.Store
+	var cps *checkpoint.Store
+	if err := bus.WaitProvisioned(ctx, js, log, time.Minute, func(ctx context.Context) (err error) {
+		store, err = session.Open(ctx, js, bus.Limits.Defaults(d.Limits).ReplayBytes)
 		return err
-	}
-	store, err := session.Open(ctx, js, bus.Limits.Defaults(d.Limits).ReplayBytes)
-	if err != nil {
+	}, func(ctx context.Context) (err error) {
+		cps, err = newCheckpointStore(ctx, js)
 		return err
-	}
-	cps, err := newCheckpointStore(ctx, js)
-	if err != nil {
+	}); err != nil {
 		return err
 	}
 	p := &proxy{store: store, ckpt: cps, log: log, sem: make(chan struct{}, cfg.MaxInFlight), hc: &http.Client{}}
