@@ -36,6 +36,9 @@ type Log struct {
 	mu    sync.Mutex
 	tails map[string]*tail
 
+	hmu sync.Mutex
+	h   jetstream.Stream // bound once: every operation by name, no stream info per call
+
 	trimFailures atomic.Uint64
 }
 
@@ -43,6 +46,24 @@ type Log struct {
 // budget bytes of payload (the newest entry is always kept).
 func NewLog(js jetstream.JetStream, stream string, budget int64) *Log {
 	return &Log{js: js, stream: stream, budget: budget, slack: budget / 16, tails: make(map[string]*tail)}
+}
+
+// handle is the stream's handle, looked up once. Looking it up costs a
+// stream-info request, which only the stream's leader answers; a bound
+// handle reads by direct get (any replica answers: AllowDirect), so reads
+// go on while a cluster elects a new leader.
+func (l *Log) handle(ctx context.Context) (jetstream.Stream, error) {
+	l.hmu.Lock()
+	defer l.hmu.Unlock()
+	if l.h != nil {
+		return l.h, nil
+	}
+	h, err := l.js.Stream(ctx, l.stream)
+	if err != nil {
+		return nil, err
+	}
+	l.h = h
+	return h, nil
 }
 
 // Entry is one log entry.
@@ -185,7 +206,7 @@ func (l *Log) landed(ctx context.Context, subject string, t *tail, streamSeq uin
 	if err := l.catchUp(ctx, subject, t); err != nil {
 		return 0, err
 	}
-	s, err := l.js.Stream(ctx, l.stream)
+	s, err := l.handle(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("append %s: %w", subject, err)
 	}
@@ -216,7 +237,7 @@ func (l *Log) trim(ctx context.Context, subject string, t *tail) error {
 		n++
 	}
 	keep := t.win[n].streamSeq
-	s, err := l.js.Stream(ctx, l.stream)
+	s, err := l.handle(ctx)
 	if err != nil {
 		return fmt.Errorf("trim %s: %w", subject, err)
 	}
@@ -241,7 +262,7 @@ func (l *Log) catchUp(ctx context.Context, subject string, t *tail) error {
 // scan calls fn for every retained entry of subject from stream sequence
 // from up to the subject's current tail, then returns.
 func (l *Log) scan(ctx context.Context, subject string, from uint64, fn func(Entry)) error {
-	s, err := l.js.Stream(ctx, l.stream)
+	s, err := l.handle(ctx)
 	if err != nil {
 		return fmt.Errorf("scan %s: %w", subject, err)
 	}
@@ -305,24 +326,35 @@ func (l *Log) scan(ctx context.Context, subject string, from uint64, fn func(Ent
 }
 
 // Tail returns the Runner-Seq of subject's newest entry (0 when empty).
+// A bus that does not answer for a moment (a stream electing its leader
+// after a node died) is waited for, up to tailPatience, not reported.
 func (l *Log) Tail(ctx context.Context, subject string) (uint64, error) {
-	s, err := l.js.Stream(ctx, l.stream)
+	var seq uint64
+	err := Retry(ctx, tailPatience, func(ctx context.Context) error {
+		s, err := l.handle(ctx)
+		if err != nil {
+			return err
+		}
+		m, err := s.GetLastMsgForSubject(ctx, subject)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			seq = 0
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		seq = parseSeq(m.Header)
+		return nil
+	})
 	if err != nil {
 		return 0, fmt.Errorf("tail %s: %w", subject, err)
 	}
-	m, err := s.GetLastMsgForSubject(ctx, subject)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("tail %s: %w", subject, err)
-	}
-	return parseSeq(m.Header), nil
+	return seq, nil
 }
 
 // Purge deletes every entry of subject (session eviction).
 func (l *Log) Purge(ctx context.Context, subject string) error {
-	s, err := l.js.Stream(ctx, l.stream)
+	s, err := l.handle(ctx)
 	if err != nil {
 		return fmt.Errorf("purge %s: %w", subject, err)
 	}
@@ -364,7 +396,7 @@ func isWrongLastSeq(err error) bool {
 // Position returns the stream sequence of subject's newest entry (0 when
 // empty): entries appended later have greater stream sequences.
 func (l *Log) Position(ctx context.Context, subject string) (uint64, error) {
-	s, err := l.js.Stream(ctx, l.stream)
+	s, err := l.handle(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("position %s: %w", subject, err)
 	}
