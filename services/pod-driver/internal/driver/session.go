@@ -511,7 +511,12 @@ func (o *owned) shutdownStop() {
 	_ = o.requestStop(ctx)
 }
 
-// renew keeps the owner key alive until the session is released.
+// renew keeps the owner key alive until the session is released. Only an
+// answer ends ownership — the key held by another driver; a bus that does
+// not answer (a cluster electing the owners bucket's leader) is retried at
+// the next tick, the workload untouched. An update whose answer was lost
+// may have been applied: the key then holds this driver's id at a newer
+// revision, which renew takes as its own.
 func (o *owned) renew(rev uint64) {
 	t := time.NewTicker(o.d.o.OwnerTTL / 3)
 	defer t.Stop()
@@ -522,25 +527,62 @@ func (o *owned) renew(rev uint64) {
 		case <-t.C:
 		}
 		n, err := o.store.Owners.Update(o.ctx, o.id, []byte(o.d.o.ID), rev)
-		if err != nil {
+		if err == nil {
+			rev = n
+			o.ownerRev.Store(rev)
+			continue
+		}
+		if o.ctx.Err() != nil {
+			return
+		}
+		if bus.Transient(err) {
+			o.log.Warn("renew owner key: the bus does not answer; retrying", "err", err)
+			continue
+		}
+		o.log.Warn("renew owner key", "err", err)
+		n, held, err := o.reclaim()
+		switch {
+		case err != nil:
 			if o.ctx.Err() != nil {
 				return
 			}
-			o.log.Warn("renew owner key", "err", err)
-			// Re-create it if it expired and nobody took it.
-			if n, err = o.store.Owners.Create(o.ctx, o.id, []byte(o.d.o.ID)); err != nil {
-				// Another driver adopted the session: this workload
-				// goes, and records nothing more (the adopter owns the
-				// status and the key now).
-				o.log.Error("lost session ownership; stopping workload", "err", err)
-				o.lost.Store(true)
-				_ = o.requestStop(context.Background())
-				return
-			}
+			o.log.Warn("renew owner key: the bus does not answer; retrying", "err", err)
+		case held != "":
+			// Another driver adopted the session: this workload goes,
+			// and records nothing more (the adopter owns the status and
+			// the key now).
+			o.log.Error("lost session ownership; stopping workload", "owner", held)
+			o.lost.Store(true)
+			_ = o.requestStop(context.Background())
+			return
+		default:
+			rev = n
+			o.ownerRev.Store(rev)
 		}
-		rev = n
-		o.ownerRev.Store(rev)
 	}
+}
+
+// reclaim reads the owner key after an update was refused: held by this
+// driver (an update whose answer was lost) it is ours at its revision;
+// gone (it expired) it is created again; held by another driver, held
+// names it. err is the bus not answering.
+func (o *owned) reclaim() (rev uint64, held string, err error) {
+	e, err := o.store.Owners.Get(o.ctx, o.id)
+	switch {
+	case err == nil && string(e.Value()) == o.d.o.ID:
+		return e.Revision(), "", nil
+	case err == nil:
+		return 0, string(e.Value()), nil
+	case !errors.Is(err, jetstream.ErrKeyNotFound):
+		return 0, "", err
+	}
+	rev, err = o.store.Owners.Create(o.ctx, o.id, []byte(o.d.o.ID))
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		if e, gerr := o.store.Owners.Get(o.ctx, o.id); gerr == nil && string(e.Value()) != o.d.o.ID {
+			return 0, string(e.Value()), nil
+		}
+	}
+	return rev, "", err
 }
 
 // enqueue queues an event for ordered emission; after the session ended
