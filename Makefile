@@ -56,9 +56,11 @@ fmt-check: ## fail when gofmt would change a file
 vet: ## go vet every module, in the workspace and with GOWORK=off
 	@for m in $(MODULES); do echo "== vet $$m"; (cd $$m && $(GO) vet ./... && GOWORK=off $(GO) vet ./...) || exit 1; done
 
-test: fmt-check vet kube-bins ## vet + race tests of every module (GOWORK=off: each module stands alone)
+test: fmt-check vet kube-bins ## vet + race tests of every module (GOWORK=off: each module stands alone), then the chaos suite
 	@for m in $(MODULES); do echo "== test $$m"; (cd $$m && TELORUNNER_KUBE_BIN=$(KUBE_BIN) GOWORK=off $(GO) test $(TEST_FLAGS) ./...) || exit 1; done
 	@for m in $(TOOL_MODULES); do echo "== test $$m (test tool, outside go.work)"; (cd $$m && GOWORK=off $(GO) vet ./... && TELORUNNER_KUBE_BIN=$(KUBE_BIN) GOWORK=off $(GO) test $(TEST_FLAGS) ./...) || exit 1; done
+	@echo "== test-chaos (every service kind and a NATS node killed, over a 3-node cluster)"
+	@$(MAKE) --no-print-directory test-chaos
 
 kube-bins: $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/kube-controller-manager $(KUBE_BIN)/etcd ## build the test control plane into $KUBE_BIN (once per machine) + standin-kubelet
 	@if compgen -G "tools/standin-kubelet/*.go" >/dev/null; then \
