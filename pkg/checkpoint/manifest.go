@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/telorunner/telorunner/pkg/bus"
 )
 
 // Entry is one file of a manifest.
@@ -83,6 +85,8 @@ func (s *Store) files(ctx context.Context, r record) (map[string]Entry, error) {
 		}
 		return r.Files, nil
 	}
+	ctx, cancel := bus.ReadContext(ctx)
+	defer cancel()
 	data, err := s.blobs.GetBytes(ctx, r.Manifest)
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
 		return nil, fmt.Errorf("manifest %s: %w", r.Manifest, ErrMissingBlob)

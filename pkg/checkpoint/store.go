@@ -212,6 +212,8 @@ func (s *Store) ensureBlob(ctx context.Context, ws Workspace, hash string) (int6
 
 // blob returns the stored bytes of hash, checked against it.
 func (s *Store) blob(ctx context.Context, hash string) ([]byte, error) {
+	ctx, cancel := bus.ReadContext(ctx)
+	defer cancel()
 	data, err := s.blobs.GetBytes(ctx, bus.BlobKey(hash))
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
 		return nil, fmt.Errorf("blob %s: %w", hash, ErrMissingBlob)

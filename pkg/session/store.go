@@ -252,6 +252,8 @@ func (s *Store) PutBundle(ctx context.Context, id string, b contract.Bundle) err
 // GetBundle reads a session's bundle.
 func (s *Store) GetBundle(ctx context.Context, id string) (contract.Bundle, error) {
 	var b contract.Bundle
+	ctx, cancel := bus.ReadContext(ctx)
+	defer cancel()
 	data, err := s.Bundles.GetBytes(ctx, id)
 	if err != nil {
 		return b, fmt.Errorf("get bundle %s: %w", id, err)
