@@ -25,8 +25,13 @@ import (
 
 // owned is one session this driver owns, from claim to release.
 type owned struct {
-	d     *Driver
-	id    string
+	d  *Driver
+	id string
+	// mode is the session's mode; it never changes, so any goroutine
+	// reads it without a lock.
+	mode string
+	// rec is the record as this owner last wrote or read it; an app-set
+	// change replaces it: read it through record(), write it under mu.
 	rec   session.Record
 	log   *slog.Logger
 	store *session.Store
@@ -153,7 +158,7 @@ func (d *Driver) own(ctx context.Context, c command) {
 		return
 	}
 	sctx, cancel := context.WithCancel(ctx)
-	o := &owned{d: d, id: id, rec: rec, log: log, store: store, ctx: sctx, cancel: cancel, adopting: plan == planAdopt,
+	o := &owned{d: d, id: id, mode: rec.Mode, rec: rec, log: log, store: store, ctx: sctx, cancel: cancel, adopting: plan == planAdopt,
 		pumps: map[string]*iopump.Pump{}, events: make(chan contract.Event, 4096), evDone: make(chan struct{})}
 	if rc, ok := d.o.Backend.(recoverer); ok && rec.Mode == contract.ModeWatch {
 		o.keepWorkspace = rc.WorkspaceIntact(id, rec.Driver)
@@ -182,7 +187,7 @@ func (o *owned) run(ownerRev uint64) {
 		defer close(renewDone)
 		o.renew(ownerRev)
 	}()
-	for _, a := range o.rec.Apps {
+	for _, a := range o.record().Apps {
 		o.pumps[a.Name] = iopump.New(o.store.IO, bus.IOSubject(o.id, a.Name), 0, o.log)
 	}
 	o.proj = projection.New(ledger{o}, o.enqueue, nil)
@@ -423,7 +428,7 @@ func (o *owned) endStatus(in intent, exit backend.Exit) *contract.Status {
 		return &contract.Status{Kind: contract.StatusStopped}
 	case exit.Err != nil:
 		return &contract.Status{Kind: contract.StatusFailed, Message: exit.Err.Error()}
-	case o.rec.Mode == contract.ModeWatch:
+	case o.mode == contract.ModeWatch:
 		return &contract.Status{Kind: contract.StatusFailed, Message: "session workload ended"}
 	default:
 		code := 0
@@ -484,7 +489,7 @@ func (o *owned) shutdownStop() {
 	if ended {
 		return // its workload is gone and its final status on the way
 	}
-	if o.rec.Mode == contract.ModeWatch && o.intent() == intentNone {
+	if o.mode == contract.ModeWatch && o.intent() == intentNone {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		err := o.checkpointNow(ctx)
 		if err == nil {
