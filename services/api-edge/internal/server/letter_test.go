@@ -3,9 +3,14 @@ package server
 import (
 	"context"
 	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/session"
 	"github.com/telorunner/telorunner/pkg/testkit"
@@ -155,5 +160,74 @@ func TestMalformedSessionIDIsUnknown(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// PUT apps waits only for the owning driver to take the change (contract
+// 4.12 allows 202 at once, the outcome on the event stream). The request
+// carries its deadline; a driver that does not answer by then gets
+// 500 set_apps_failed saying nothing changed (a driver drops a request
+// past its deadline, so both agree), a driver that takes it gets 202, and
+// no driver, or one that finds no live workload, gets 409 not_running.
+func TestPutAppsTakeTimeout(t *testing.T) {
+	e := newEnv(t, nil)
+	saved := appsTakeTimeout
+	appsTakeTimeout = 500 * time.Millisecond
+	t.Cleanup(func() { appsTakeTimeout = saved })
+	put := body{"apps": []any{app("web"), app("admin")}}
+
+	id := e.putRecord(t, contract.ModeWatch, contract.Status{Kind: contract.StatusRunning}, "http://127.0.0.1:1")
+	res := e.do(t, http.MethodPut, "/v1/sessions/"+id+"/apps", put, nil)
+	if code, _ := res.envelope(t); res.status != http.StatusConflict || code != "not_running" {
+		t.Errorf("PUT apps with no driver = %d %s, want 409 not_running", res.status, res.body)
+	}
+
+	// A driver that never answers.
+	got := make(chan *nats.Msg, 1)
+	sub, err := e.driverNC.Subscribe(bus.CtlSubject(id, bus.CtlApps), func(m *nats.Msg) { got <- m })
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	res = e.do(t, http.MethodPut, "/v1/sessions/"+id+"/apps", put, nil)
+	took := time.Since(start)
+	code, msg := res.envelope(t)
+	if res.status != http.StatusInternalServerError || code != "set_apps_failed" || !strings.Contains(msg, "unchanged") {
+		t.Errorf("PUT apps unanswered = %d %s, want 500 set_apps_failed saying the set is unchanged", res.status, res.body)
+	}
+	if took > appsTakeTimeout+appsTakeMargin+2*time.Second {
+		t.Errorf("PUT apps unanswered took %v, want about %v", took, appsTakeTimeout+appsTakeMargin)
+	}
+	select {
+	case m := <-got:
+		ms, err := strconv.ParseInt(m.Header.Get(bus.HeaderDeadline), 10, 64)
+		if err != nil {
+			t.Fatalf("request header %s = %q, want Unix milliseconds", bus.HeaderDeadline, m.Header.Get(bus.HeaderDeadline))
+		}
+		if dl := time.UnixMilli(ms); dl.Before(start) || dl.After(start.Add(appsTakeTimeout+time.Second)) {
+			t.Errorf("request deadline %v, want within %v of %v", dl, appsTakeTimeout, start)
+		}
+	default:
+		t.Fatal("the driver never got the change")
+	}
+	_ = sub.Unsubscribe()
+
+	for _, tc := range []struct {
+		reply  string
+		status int
+		want   string
+	}{
+		{`{"ok":true}`, http.StatusAccepted, `{"apps":["web","admin"]}`},
+		{`{"error":"not_running","message":"the session has no live workload"}`, http.StatusConflict, `"not_running"`},
+	} {
+		sub, err := e.driverNC.Subscribe(bus.CtlSubject(id, bus.CtlApps), func(m *nats.Msg) { _ = m.Respond([]byte(tc.reply)) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := e.do(t, http.MethodPut, "/v1/sessions/"+id+"/apps", put, nil)
+		if res.status != tc.status || !strings.Contains(string(res.body), tc.want) {
+			t.Errorf("PUT apps answered %s = %d %s, want %d with %s", tc.reply, res.status, res.body, tc.status, tc.want)
+		}
+		_ = sub.Unsubscribe()
 	}
 }
