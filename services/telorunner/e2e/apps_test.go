@@ -60,10 +60,13 @@ func TestPutAppsRecreateFailure(t *testing.T) {
 	if resp.Status != 202 || string(resp.Body) != `{"apps":["a","b"]}` {
 		t.Fatalf("PUT apps = %d %s, want 202 {\"apps\":[\"a\",\"b\"]}", resp.Status, resp.Body)
 	}
-	if took := time.Since(start); took > 5*time.Second {
+	took := time.Since(start)
+	if took > 5*time.Second {
 		t.Errorf("PUT apps took %v, want an answer once the change is taken", took)
 	}
+	t.Logf("PUT apps answered 202 in %v", took)
 	evs := sse.until(t, 60*time.Second, isStatus("failed"))
+	t.Logf("failed status %v after the PUT", time.Since(start))
 	st, _ := decode(t, evs[len(evs)-1].Data)["status"].(map[string]any)
 	msg, _ := st["message"].(string)
 	if !strings.HasPrefix(msg, "changing the app set failed: ") || !strings.Contains(msg, "workspace") {

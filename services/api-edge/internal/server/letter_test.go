@@ -2,12 +2,14 @@ package server
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/gorilla/websocket"
 	"github.com/nats-io/nats.go"
 
 	"github.com/telorunner/telorunner/pkg/bus"
@@ -159,6 +161,22 @@ func TestMalformedSessionIDIsUnknown(t *testing.T) {
 					t.Errorf("%s %s error = %q, want %q", r.method, path, code, r.code)
 				}
 			}
+		}
+		// The io route answers on the WebSocket: close 4404.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		url := "ws" + strings.TrimPrefix(e.url, "http") + "/v1/sessions/" + id + "/io"
+		conn, _, err := websocket.DefaultDialer.DialContext(ctx, url, nil)
+		cancel()
+		if err != nil {
+			t.Errorf("dial %s: %v, want an upgrade", url, err)
+			continue
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, _, err = conn.ReadMessage()
+		_ = conn.Close()
+		var ce *websocket.CloseError
+		if !errors.As(err, &ce) || ce.Code != 4404 {
+			t.Errorf("io of %q: %v, want close 4404", id, err)
 		}
 	}
 }

@@ -158,10 +158,12 @@ func TestAppsChangeTakenAtOnce(t *testing.T) {
 
 	hdr := nats.Header{}
 	bus.SetDeadline(hdr, time.Now().Add(10*time.Second))
+	took := time.Now()
 	r, err = ctl(e.nc, id, bus.CtlApps, appsChange(t, "web", "admin"), hdr, 5*time.Second)
 	if err != nil || !r.OK {
 		t.Fatalf("PUT apps = %+v, %v; want ok within 5 s while its checkpoint waits", r, err)
 	}
+	t.Logf("change taken in %v while its checkpoint waits", time.Since(took))
 	select {
 	case <-asked:
 	case <-time.After(10 * time.Second):
