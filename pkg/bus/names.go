@@ -103,6 +103,10 @@ const (
 	HeaderTerminal = "Runner-Terminal"
 	// HeaderApp names the app a control request is for.
 	HeaderApp = "Runner-App"
+	// HeaderDeadline carries the Unix time in milliseconds after which the
+	// sender of a control request no longer waits for it: the receiver
+	// must not act on it then (SetDeadline, Expired).
+	HeaderDeadline = "Runner-Deadline"
 )
 
 // EventsSubject is the event log subject of a session.

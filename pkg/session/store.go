@@ -83,8 +83,14 @@ func (s *Store) Create(ctx context.Context, r Record) error {
 	return err
 }
 
-// Update applies mutate to the record with compare-and-set.
+// Update applies mutate to the record with compare-and-set. An id that is
+// not a session id's shape names no record (ErrNotFound), as in Get: ids
+// from requests become key-value keys and NATS subjects, where `*`, `>`
+// and `.` mean something.
 func (s *Store) Update(ctx context.Context, id string, mutate func(*Record) error) (Record, error) {
+	if !contract.ValidSessionID(id) {
+		return Record{}, ErrNotFound
+	}
 	r, _, err := bus.UpdateJSON(ctx, s.Sessions, id, false, mutate)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return r, ErrNotFound

@@ -137,7 +137,8 @@ func TestCreateValidation(t *testing.T) {
 			set("config/registryUrl", "https://r.example"), set("config/baseUrl", "http://x"),
 		), hdr: ok, status: 201},
 		{name: "base64 file", e: m, body: validCreate(set("bundle/files/1/encoding", "base64")), hdr: ok, status: 201},
-		{name: "file encoding not an enum value", e: m, body: validCreate(set("bundle/files/1/encoding", "hex")), hdr: ok, status: 400, code: "invalid_request"},
+		{name: "file encoding outside the enum passes through (3.5)", e: m, body: validCreate(set("bundle/files/1/encoding", "hex")), hdr: ok, status: 201},
+		{name: "file encoding of another type passes through (3.5)", e: m, body: validCreate(set("bundle/files/1/encoding", 5)), hdr: ok, status: 201},
 
 		// 2. Terms.
 		{name: "terms header missing", e: m, body: validCreate(), status: 428, code: "terms_required"},

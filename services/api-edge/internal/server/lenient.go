@@ -163,6 +163,20 @@ func (o obj) enum(key string, required bool, allowed ...string) (string, bool, e
 	return "", false, schemaErrf("%s/%s must be equal to one of the allowed values", o.path, key)
 }
 
+// passthrough reads a property no schema lists: a string as it is, any
+// other value as its JSON text ("" when absent or null). It never fails.
+func (o obj) passthrough(key string) string {
+	v, ok := o.m[key]
+	if !ok || v == nil {
+		return ""
+	}
+	if s, ok := v.(string); ok {
+		return s
+	}
+	b, _ := json.Marshal(v) // a decoded JSON value always encodes
+	return string(b)
+}
+
 // array reads an array, wrapping a lone scalar or object into one item.
 func (o obj) array(key string, required bool) ([]any, bool, error) {
 	v, ok := o.m[key]

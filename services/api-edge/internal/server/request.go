@@ -127,9 +127,10 @@ func parseBundle(b obj) (contract.Bundle, error) {
 		if bf.Contents, _, err = o.str("contents", true, 0); err != nil {
 			return out, err
 		}
-		if bf.Encoding, _, err = o.enum("encoding", false, "utf8", "base64"); err != nil {
-			return out, err
-		}
+		// The request schema does not list encoding and passes it through
+		// (3.5): any value is kept, never refused. Only "base64" decodes;
+		// every other value is text where the files are written.
+		bf.Encoding = o.passthrough("encoding")
 		out.Files = append(out.Files, bf)
 	}
 	return out, nil

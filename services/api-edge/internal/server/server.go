@@ -70,7 +70,7 @@ func New(ctx context.Context, o Options) *Server {
 	v1.POST("/apps/:name/sessions", s.createAppSession)
 	v1.GET("/sessions/:id", s.getSession)
 	v1.DELETE("/sessions/:id", s.deleteSession)
-	v1.GET("/sessions/:id/events", s.events)
+	v1.GET(strings.TrimPrefix(eventsRoute, "/v1"), s.events)
 	v1.GET("/sessions/:id/io", s.io)
 	v1.GET("/sessions/:id/workspace", s.getWorkspace)
 	v1.POST("/sessions/:id/workspace", s.postWorkspace)
@@ -82,6 +82,9 @@ func New(ctx context.Context, o Options) *Server {
 	return s
 }
 
+// eventsRoute is the SSE route's pattern (section 6).
+const eventsRoute = "/v1/sessions/:id/events"
+
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.engine.ServeHTTP(w, r) }
 
@@ -90,7 +93,8 @@ func (s *Server) Wait() { s.wg.Wait() }
 
 // cors applies contract 2.4 to ordinary responses and answers preflights.
 // With an allowlist every response depends on Origin, so each carries
-// Vary: Origin. A private-network preflight
+// Vary: Origin. The event stream carries Vary: Origin whenever it carries
+// Access-Control-Allow-Origin, "*" included (6.2). A private-network preflight
 // (Access-Control-Request-Private-Network: true) is granted only to an
 // allowed origin.
 func (s *Server) cors() gin.HandlerFunc {
@@ -101,6 +105,9 @@ func (s *Server) cors() gin.HandlerFunc {
 		}
 		if allowed, ok := s.cfg.CORS.AllowOrigin(origin); ok {
 			c.Header("Access-Control-Allow-Origin", allowed)
+			if c.FullPath() == eventsRoute {
+				c.Header("Vary", "Origin")
+			}
 		} else if origin != "" && !isUpgrade(c.Request) {
 			// 19.32: refuse plain requests from origins outside a narrowed list.
 			c.AbortWithStatusJSON(http.StatusForbidden, contract.Errorf("origin_not_allowed", "origin %q is not allowed", origin))

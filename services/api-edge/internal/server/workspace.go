@@ -361,11 +361,22 @@ func (s *Server) resume(c *gin.Context) {
 	c.JSON(http.StatusAccepted, gin.H{"sessionId": id})
 }
 
-// putApps is PUT /v1/sessions/:id/apps (4.12). The owning driver
-// checkpoints, recreates the workload with the new set and re-seeds it;
-// the route answers 202 once the driver has taken the change, and the
-// outcome arrives on the event stream (the contract allows this instead of
-// holding the request for minutes).
+// appsTakeTimeout bounds how long PUT apps waits for the owning driver to
+// take a change (not to carry it out). The request carries the deadline
+// (bus.HeaderDeadline): a driver that gets it later drops it, so when the
+// edge answers that nothing changed, nothing does.
+var appsTakeTimeout = 10 * time.Second
+
+// appsTakeMargin is how much longer than the deadline the edge waits for
+// the driver's answer (clock skew and transit).
+const appsTakeMargin = 2 * time.Second
+
+// putApps is PUT /v1/sessions/:id/apps (4.12). The owning driver takes the
+// change at once, then checkpoints, recreates the workload with the new
+// set and re-seeds it; the route answers 202 when the driver has taken the
+// change, and the outcome arrives on the event stream (the contract allows
+// this instead of holding the request for minutes): a fresh `running`, or
+// `failed` with "changing the app set failed: <detail>".
 func (s *Server) putApps(c *gin.Context) {
 	data, ok := s.readBody(c)
 	if !ok {
@@ -420,12 +431,17 @@ func (s *Server) putApps(c *gin.Context) {
 	}
 	payload, _ := json.Marshal(change)
 	hdr := nats.Header{}
-	if err := s.ctlData(c.Request.Context(), rec.ID, bus.CtlApps, payload, hdr, 60*time.Second); err != nil {
-		if errors.Is(err, nats.ErrNoResponders) {
+	wait := appsTakeTimeout
+	bus.SetDeadline(hdr, time.Now().Add(wait))
+	if err := s.ctlData(c.Request.Context(), rec.ID, bus.CtlApps, payload, hdr, wait+appsTakeMargin); err != nil {
+		switch {
+		case errors.Is(err, nats.ErrNoResponders):
 			s.fail(c, notRunning(rec))
-			return
+		case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout):
+			s.fail(c, contract.Errorf("set_apps_failed", "the session's driver did not take the change within %v; the app set is unchanged", wait))
+		default:
+			s.fail(c, err)
 		}
-		s.fail(c, err)
 		return
 	}
 	names := make([]string, 0, len(apps))

@@ -31,32 +31,32 @@ func (o *owned) checkpointNow(ctx context.Context) error {
 	return nil
 }
 
-// changeApps replaces the app set (PUT apps, 4.12): checkpoint the live
-// workspace, record the new set (kept apps keep their generations and
-// channels, new ones start at 0, every next generation is `resume`), then
-// recreate the workload, which restores the checkpoint before any app
-// starts. A checkpoint failure changes nothing.
+// changeApps replaces the app set (PUT apps, 4.12) after beginAppsChange
+// took it: checkpoint the live workspace, record the new set (kept apps
+// keep their generations and channels, new ones start at 0, every next
+// generation is `resume`), then recreate the workload, which restores the
+// checkpoint before any app starts.
 //
-// Changes of one session run one at a time; a stop or suspend that comes
-// meanwhile wins (the change then finds no live workload).
-func (o *owned) changeApps(change session.AppsChange) error {
+// The edge answered 202 already, so the outcome is the session's status:
+// a fresh `running` with the new endpoints, or, when the change fails
+// (checkpoint, record, the new workload's start), `failed` with "changing
+// the app set failed: <detail>" and the new apps' channels removed. A stop
+// or suspend that comes meanwhile wins: the change then does nothing more.
+func (o *owned) changeApps(change session.AppsChange) {
 	o.appsMu.Lock()
 	defer o.appsMu.Unlock()
-	if !o.live() {
-		return errNotLive
-	}
+	defer o.endAppsChange()
 	if err := o.checkpointNow(o.ctx); err != nil {
-		if !o.live() {
-			return errNotLive
-		}
-		return err
+		o.failAppsChange(err)
+		return
 	}
 	if !o.live() {
-		return errNotLive
+		return
 	}
-	var removed []string
+	var removed, added []string
+	prev := o.record()
 	rec, err := o.store.Update(context.Background(), o.id, func(r *session.Record) error {
-		removed = removed[:0]
+		removed, added = removed[:0], added[:0]
 		old := map[string]session.App{}
 		for _, a := range r.Apps {
 			old[a.Name] = a
@@ -68,6 +68,7 @@ func (o *owned) changeApps(change session.AppsChange) error {
 				delete(old, a.Name)
 			} else {
 				a.Generation = 0
+				added = append(added, a.Name)
 			}
 			a.Trigger = contract.TriggerResume
 			next = append(next, a)
@@ -82,16 +83,88 @@ func (o *owned) changeApps(change session.AppsChange) error {
 		return nil
 	})
 	if err != nil {
-		return err
+		o.failAppsChange(fmt.Errorf("record the new app set: %w", err))
+		return
 	}
 	for _, n := range change.Notices {
 		o.enqueue(contract.Event{Type: contract.EventProgress, Phase: contract.PhaseProvision, Message: n})
 	}
 	o.mu.Lock()
 	o.rec = rec
+	o.recreate = &appsUndo{apps: prev.Apps, agentSpec: prev.Launch.AgentSpec, agent: prev.Agent, added: added}
 	o.mu.Unlock()
 	o.resetChannels(rec, removed)
-	return o.end(context.Background(), intentRecreate)
+	if err := o.end(context.Background(), intentRecreate); err != nil {
+		o.log.Warn("stop the workload for an app-set change", "err", err)
+	}
+}
+
+// appsUndo is what an app-set change replaced: the recorded app set and
+// agent, and the apps it added (whose channels go if it fails).
+type appsUndo struct {
+	apps      []session.App
+	agentSpec *session.AgentSpec
+	agent     string
+	added     []string
+}
+
+// appsChangeFailed is the failed status message of an app-set change
+// (contract 4.12 step 7).
+func appsChangeFailed(detail string) string { return "changing the app set failed: " + detail }
+
+// beginAppsChange takes an app-set change when the workload is live and no
+// other change is under way; false means not_running.
+func (o *owned) beginAppsChange() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.w == nil || o.next != intentNone || o.ctx.Err() != nil || o.changing {
+		return false
+	}
+	o.changing = true
+	return true
+}
+
+func (o *owned) endAppsChange() {
+	o.mu.Lock()
+	o.changing = false
+	o.mu.Unlock()
+}
+
+// failAppsChange ends the session failed with the change's error, unless
+// a stop or suspend already ends it (that one wins).
+func (o *owned) failAppsChange(err error) {
+	o.mu.Lock()
+	if o.next != intentNone || o.ctx.Err() != nil {
+		o.mu.Unlock()
+		return
+	}
+	o.failMsg = appsChangeFailed(err.Error())
+	o.mu.Unlock()
+	o.log.Warn("app-set change failed", "err", err)
+	if err := o.end(context.Background(), intentFail); err != nil {
+		o.log.Warn("stop the workload of a failed app-set change", "err", err)
+	}
+}
+
+// recreateFailed is the status of a session whose recreated workload
+// could not start: the recorded app set goes back to the one the change
+// replaced (contract 4.12: only a success updates it) and the channels the
+// change added are removed.
+func (o *owned) recreateFailed(undo *appsUndo, detail string) *contract.Status {
+	rec, err := o.store.Update(context.Background(), o.id, func(r *session.Record) error {
+		r.Apps = undo.apps
+		r.Launch.AgentSpec, r.Agent = undo.agentSpec, undo.agent
+		return nil
+	})
+	if err != nil {
+		o.log.Warn("restore the app set of a failed change", "err", err)
+	} else {
+		o.mu.Lock()
+		o.rec = rec
+		o.mu.Unlock()
+	}
+	o.resetChannels(o.record(), undo.added)
+	return &contract.Status{Kind: contract.StatusFailed, Message: appsChangeFailed(detail)}
 }
 
 // errNotLive: the session has no live workload (starting, ending, ended).

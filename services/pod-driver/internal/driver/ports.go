@@ -124,7 +124,7 @@ func diffPorts(rec *session.Record, app string, declared []contract.PortMapping)
 // applied once it runs.
 func (o *owned) portsResolved(app string, payload json.RawMessage) {
 	declared, ok := parsePortsResolved(payload)
-	if !ok || o.rec.Mode != contract.ModeWatch {
+	if !ok || o.mode != contract.ModeWatch {
 		return
 	}
 	o.mu.Lock()

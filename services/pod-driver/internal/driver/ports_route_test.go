@@ -80,7 +80,7 @@ func newPortsEnv(t *testing.T) *portsEnv {
 		t.Fatal(err)
 	}
 	sctx, cancel := context.WithCancel(ctx)
-	o := &owned{id: rec.ID, rec: rec, store: store, ctx: sctx, cancel: cancel,
+	o := &owned{id: rec.ID, mode: rec.Mode, rec: rec, store: store, ctx: sctx, cancel: cancel,
 		log: slog.New(slog.NewTextHandler(io.Discard, nil)), events: make(chan contract.Event, 64), evDone: make(chan struct{})}
 	go o.emitLoop()
 	t.Cleanup(func() {

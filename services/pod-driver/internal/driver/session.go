@@ -25,8 +25,13 @@ import (
 
 // owned is one session this driver owns, from claim to release.
 type owned struct {
-	d     *Driver
-	id    string
+	d  *Driver
+	id string
+	// mode is the session's mode; it never changes, so any goroutine
+	// reads it without a lock.
+	mode string
+	// rec is the record as this owner last wrote or read it; an app-set
+	// change replaces it: read it through record(), write it under mu.
 	rec   session.Record
 	log   *slog.Logger
 	store *session.Store
@@ -59,6 +64,14 @@ type owned struct {
 
 	mu sync.Mutex
 	w  backend.Workload
+	// changing: an app-set change was accepted and has not yet handed the
+	// workload over to its recreate (or failed); another is refused.
+	changing bool
+	// recreate is what the workload being recreated by an app-set change
+	// replaced, to undo if the new workload cannot start.
+	recreate *appsUndo
+	// failMsg is the failed status of intentFail.
+	failMsg string
 	// pendingPorts holds PortsResolved payloads per app that arrived
 	// while no workload was set (it was starting).
 	pendingPorts map[string]json.RawMessage
@@ -153,7 +166,7 @@ func (d *Driver) own(ctx context.Context, c command) {
 		return
 	}
 	sctx, cancel := context.WithCancel(ctx)
-	o := &owned{d: d, id: id, rec: rec, log: log, store: store, ctx: sctx, cancel: cancel, adopting: plan == planAdopt,
+	o := &owned{d: d, id: id, mode: rec.Mode, rec: rec, log: log, store: store, ctx: sctx, cancel: cancel, adopting: plan == planAdopt,
 		pumps: map[string]*iopump.Pump{}, events: make(chan contract.Event, 4096), evDone: make(chan struct{})}
 	if rc, ok := d.o.Backend.(recoverer); ok && rec.Mode == contract.ModeWatch {
 		o.keepWorkspace = rc.WorkspaceIntact(id, rec.Driver)
@@ -182,7 +195,7 @@ func (o *owned) run(ownerRev uint64) {
 		defer close(renewDone)
 		o.renew(ownerRev)
 	}()
-	for _, a := range o.rec.Apps {
+	for _, a := range o.record().Apps {
 		o.pumps[a.Name] = iopump.New(o.store.IO, bus.IOSubject(o.id, a.Name), 0, o.log)
 	}
 	o.proj = projection.New(ledger{o}, o.enqueue, nil)
@@ -261,6 +274,7 @@ const (
 	intentStop            // DELETE or driver shutdown: end as stopped
 	intentSuspend         // idle: end as suspended, record kept
 	intentRecreate        // app-set change: start again with the new set
+	intentFail            // app-set change failed: end as failed with failMsg
 )
 
 // lifecycle runs workloads until the session ends and returns the status
@@ -361,8 +375,15 @@ func (o *owned) bundle(rec session.Record) (contract.Bundle, error) {
 func (o *owned) runOnce() *contract.Status {
 	keep := o.keepWorkspace
 	o.keepWorkspace = false
+	o.mu.Lock()
+	undo := o.recreate
+	o.recreate = nil
+	o.mu.Unlock()
 	spec, err := o.spec(keep)
 	if err != nil {
+		if undo != nil {
+			return o.recreateFailed(undo, "start: "+err.Error())
+		}
 		return &contract.Status{Kind: contract.StatusFailed, Message: "start: " + err.Error()}
 	}
 	o.d.m.started.Inc()
@@ -382,6 +403,9 @@ func (o *owned) runOnce() *contract.Status {
 		o.d.m.failed.Inc()
 		if in := o.intent(); in == intentStop || in == intentSuspend {
 			return o.endStatus(in, backend.Exit{Stopped: true})
+		}
+		if undo != nil {
+			return o.recreateFailed(undo, err.Error())
 		}
 		return &contract.Status{Kind: contract.StatusFailed, Message: err.Error()}
 	}
@@ -419,11 +443,16 @@ func (o *owned) endStatus(in intent, exit backend.Exit) *contract.Status {
 	switch {
 	case in == intentSuspend:
 		return &contract.Status{Kind: contract.StatusSuspended}
+	case in == intentFail:
+		o.mu.Lock()
+		msg := o.failMsg
+		o.mu.Unlock()
+		return &contract.Status{Kind: contract.StatusFailed, Message: msg}
 	case exit.Stopped || in == intentStop || o.shutdown.Load() || o.userStopped():
 		return &contract.Status{Kind: contract.StatusStopped}
 	case exit.Err != nil:
 		return &contract.Status{Kind: contract.StatusFailed, Message: exit.Err.Error()}
-	case o.rec.Mode == contract.ModeWatch:
+	case o.mode == contract.ModeWatch:
 		return &contract.Status{Kind: contract.StatusFailed, Message: "session workload ended"}
 	default:
 		code := 0
@@ -484,7 +513,7 @@ func (o *owned) shutdownStop() {
 	if ended {
 		return // its workload is gone and its final status on the way
 	}
-	if o.rec.Mode == contract.ModeWatch && o.intent() == intentNone {
+	if o.mode == contract.ModeWatch && o.intent() == intentNone {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		err := o.checkpointNow(ctx)
 		if err == nil {
@@ -733,20 +762,24 @@ func (o *owned) handleSlow(req micro.Request, verb string) {
 		}
 		respondOK(req)
 	case bus.CtlApps:
+		// Answered as soon as the change is taken (the edge answers 202,
+		// contract 4.12); the outcome is the session's status.
 		var change session.AppsChange
 		if err := json.Unmarshal(req.Data(), &change); err != nil || len(change.Apps) == 0 {
 			respondErr(req, "invalid_request", "undecodable app set")
 			return
 		}
-		err := o.changeApps(change)
-		switch {
-		case errors.Is(err, errNotLive):
-			respondErr(req, "not_running", err.Error())
-		case err != nil:
-			respondErr(req, "set_apps_failed", err.Error())
-		default:
-			respondOK(req)
+		if bus.Expired(req.Headers(), time.Now()) {
+			// The edge stopped waiting and answered that nothing changed.
+			respondErr(req, "set_apps_failed", "the change arrived after the edge stopped waiting for it; the app set is unchanged")
+			return
 		}
+		if !o.beginAppsChange() {
+			respondErr(req, "not_running", errNotLive.Error())
+			return
+		}
+		respondOK(req)
+		o.changeApps(change)
 	default:
 		respondErr(req, "invalid_request", "unknown control verb")
 	}

@@ -26,6 +26,8 @@ func TestBundleFiles(t *testing.T) {
 		contract.BundleFile{RelativePath: "/../up.txt", Contents: "clamped"},
 		contract.BundleFile{RelativePath: "deep/a/../b/c.txt", Contents: "deep"},
 		contract.BundleFile{RelativePath: "bin/data.bin", Contents: base64.StdEncoding.EncodeToString([]byte{0, 1, 2, 0xff}), Encoding: "base64"},
+		// An encoding outside the enum passed the edge (contract 3.5): text.
+		contract.BundleFile{RelativePath: "other.txt", Contents: "AAEC", Encoding: "hex"},
 	)
 	rec := newRecorder()
 	w := start(t, b, spec, rec)
@@ -36,6 +38,7 @@ func TestBundleFiles(t *testing.T) {
 		"up.txt":       "clamped",
 		"deep/b/c.txt": "deep",
 		"bin/data.bin": "\x00\x01\x02\xff",
+		"other.txt":    "AAEC",
 	}
 	got := map[string]string{}
 	err := filepath.WalkDir(appDir, func(p string, d os.DirEntry, err error) error {
