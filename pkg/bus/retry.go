@@ -58,16 +58,17 @@ func Retry(ctx context.Context, patience time.Duration, fn func(context.Context)
 	}
 }
 
-// ObjectReadTimeout bounds one object-store read when the caller set no
-// deadline. nats.go bounds a whole object read by its 5 s default timeout
-// otherwise: a large object on a loaded server (an 8 MiB checkpoint blob
-// under the race detector) failed with "nats: timeout".
-const ObjectReadTimeout = 2 * time.Minute
+// ObjectTimeout bounds one object-store read or write when the caller set
+// no deadline. nats.go bounds a whole object read or write by its 5 s
+// default timeout otherwise: a large object on a loaded server (an 8 MiB
+// checkpoint blob under the race detector) failed with "nats: timeout" and
+// "timeout waiting for ack".
+const ObjectTimeout = 2 * time.Minute
 
-// ReadContext is ctx, bounded by ObjectReadTimeout when it has no deadline.
-func ReadContext(ctx context.Context) (context.Context, context.CancelFunc) {
+// ObjectContext is ctx, bounded by ObjectTimeout when it has no deadline.
+func ObjectContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if _, ok := ctx.Deadline(); ok {
 		return ctx, func() {}
 	}
-	return context.WithTimeout(ctx, ObjectReadTimeout)
+	return context.WithTimeout(ctx, ObjectTimeout)
 }

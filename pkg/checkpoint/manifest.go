@@ -85,7 +85,7 @@ func (s *Store) files(ctx context.Context, r record) (map[string]Entry, error) {
 		}
 		return r.Files, nil
 	}
-	ctx, cancel := bus.ReadContext(ctx)
+	ctx, cancel := bus.ObjectContext(ctx)
 	defer cancel()
 	data, err := s.blobs.GetBytes(ctx, r.Manifest)
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
@@ -145,6 +145,8 @@ func (s *Store) ensureObject(ctx context.Context, name string, data []byte) erro
 	if err != nil || found != nil {
 		return err
 	}
+	ctx, cancel := bus.ObjectContext(ctx)
+	defer cancel()
 	if _, err := s.blobs.PutBytes(ctx, name, data); err != nil {
 		return fmt.Errorf("put %s: %w", name, err)
 	}

@@ -204,6 +204,8 @@ func (s *Store) ensureBlob(ctx context.Context, ws Workspace, hash string) (int6
 	if sha256Hex(data) != hash {
 		return 0, false, fmt.Errorf("workspace blob %s: content does not match its hash", hash)
 	}
+	ctx, cancel := bus.ObjectContext(ctx)
+	defer cancel()
 	if _, err := s.blobs.PutBytes(ctx, name, data); err != nil {
 		return 0, false, fmt.Errorf("put %s: %w", name, err)
 	}
@@ -212,7 +214,7 @@ func (s *Store) ensureBlob(ctx context.Context, ws Workspace, hash string) (int6
 
 // blob returns the stored bytes of hash, checked against it.
 func (s *Store) blob(ctx context.Context, hash string) ([]byte, error) {
-	ctx, cancel := bus.ReadContext(ctx)
+	ctx, cancel := bus.ObjectContext(ctx)
 	defer cancel()
 	data, err := s.blobs.GetBytes(ctx, bus.BlobKey(hash))
 	if errors.Is(err, jetstream.ErrObjectNotFound) {

@@ -249,6 +249,8 @@ func (s *Store) PutBundle(ctx context.Context, id string, b contract.Bundle) err
 	if err != nil {
 		return fmt.Errorf("encode bundle: %w", err)
 	}
+	ctx, cancel := bus.ObjectContext(ctx)
+	defer cancel()
 	if _, err := s.Bundles.PutBytes(ctx, id, data); err != nil {
 		return fmt.Errorf("put bundle %s: %w", id, err)
 	}
@@ -258,7 +260,7 @@ func (s *Store) PutBundle(ctx context.Context, id string, b contract.Bundle) err
 // GetBundle reads a session's bundle.
 func (s *Store) GetBundle(ctx context.Context, id string) (contract.Bundle, error) {
 	var b contract.Bundle
-	ctx, cancel := bus.ReadContext(ctx)
+	ctx, cancel := bus.ObjectContext(ctx)
 	defer cancel()
 	data, err := s.Bundles.GetBytes(ctx, id)
 	if err != nil {
