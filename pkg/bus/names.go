@@ -20,7 +20,7 @@ const (
 	BucketSessions    = "runner_sessions"    // <sessionId> -> session record
 	BucketOwners      = "runner_owners"      // <sessionId> -> driver id (TTL)
 	BucketPresence    = "runner_presence"    // <sessionId>.<edgeId> -> live client count (TTL)
-	BucketAdmission   = "runner_admission"   // slots -> admitted sessions by mode
+	BucketAdmission   = "runner_admission"   // ledger -> admission counts; reclaim.<class>.<sessionId> -> reclaim index
 	BucketCheckpoints = "runner_checkpoints" // <sessionId> -> checkpoint manifest
 )
 
@@ -30,8 +30,28 @@ const (
 	ObjectBlobs   = "runner_blobs"   // sha256/<hex>
 )
 
-// KeyAdmissionSlots is the single key of BucketAdmission.
+// KeyAdmissionLedger is BucketAdmission's head: the retained count, live
+// watch sessions, admissions and evictions in flight, the reclaim cursors.
+const KeyAdmissionLedger = "ledger"
+
+// KeyAdmissionSlots is the first ledger (every retained id in one value),
+// read once to build KeyAdmissionLedger and then deleted.
 const KeyAdmissionSlots = "slots"
+
+// Reclaim classes of the admission index.
+const (
+	ReclaimEnded     = "ended"     // terminal sessions, by exitedAt
+	ReclaimSuspended = "suspended" // suspended sessions, by idleSince
+)
+
+// ReclaimKey is a session's entry in the reclaim index of class.
+func ReclaimKey(class, id string) string { return "reclaim." + class + "." + id }
+
+// ReclaimSubjects is the stream subject filter of class's index entries
+// (in KV_runner_admission).
+func ReclaimSubjects(class string) string {
+	return "$KV." + BucketAdmission + ".reclaim." + class + ".*"
+}
 
 // Subjects.
 const (

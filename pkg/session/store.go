@@ -34,6 +34,10 @@ type Store struct {
 	IO          *bus.Log
 	Now         func() time.Time
 
+	// admIndex is the stream behind Admission, read by subject for the
+	// reclaim index (Admit).
+	admIndex jetstream.Stream
+
 	// afterStatusCAS, when set (tests), runs between a status transition
 	// and the append of its event; an error ends SetStatus there, as a
 	// writer dying at that point would.
@@ -61,6 +65,9 @@ func Open(ctx context.Context, js jetstream.JetStream, replayBytes int64) (*Stor
 	}
 	if s.Bundles, err = js.ObjectStore(ctx, bus.ObjectBundles); err != nil {
 		return nil, fmt.Errorf("open object store %s: %w", bus.ObjectBundles, err)
+	}
+	if s.admIndex, err = js.Stream(ctx, "KV_"+bus.BucketAdmission); err != nil {
+		return nil, fmt.Errorf("open the stream of bucket %s: %w", bus.BucketAdmission, err)
 	}
 	return s, nil
 }
@@ -126,12 +133,14 @@ func (s *Store) emit(ctx context.Context, id string, ev contract.Event, msgID st
 // from it aborts the transition.
 //
 // The transition and its event cannot be separated: the compare-and-set
-// also queues the event in the record's outbox, and the event is appended
-// from there (then the outbox entry is dropped). A writer that dies
-// between the two steps leaves the event in the outbox, where the next
-// SetStatus of the session or the supervisor's FlushStatus appends it, in
-// transition order and exactly once (see FlushStatus). An error after the
-// compare-and-set means the transition is recorded and its event pending.
+// also queues the event in the record's outbox; the admission ledger is
+// brought in line with the record (syncLedger), then the event is appended
+// from the outbox (then the outbox entry is dropped). A writer that dies
+// between these steps leaves the event in the outbox, where the next
+// SetStatus of the session or the supervisor's FlushStatus syncs the
+// ledger and appends it, in transition order and exactly once (see
+// FlushStatus). An error after the compare-and-set means the transition is
+// recorded and its ledger sync and event pending.
 func (s *Store) SetStatus(ctx context.Context, id string, st contract.Status, mutate func(*Record) error) (Record, error) {
 	after, err := s.Events.Position(ctx, bus.EventsSubject(id))
 	if err != nil {
@@ -164,6 +173,9 @@ func (s *Store) SetStatus(ctx context.Context, id string, st contract.Status, mu
 			return r, err
 		}
 	}
+	if err := s.syncLedger(ctx, id, r); err != nil {
+		return r, err
+	}
 	// Only this call can have appended its own event, so it needs no
 	// lookup; entries other writers left are looked up first.
 	if err := s.deliver(ctx, id, r.Outbox, p.ID); err != nil {
@@ -178,7 +190,9 @@ func (s *Store) SetStatus(ctx context.Context, id string, st contract.Status, mu
 // failed), in order, each exactly once: an entry whose event is found in
 // the log after the position the outbox recorded is not appended again,
 // and concurrent flushers use the entry's id as Nats-Msg-Id, which
-// JetStream de-duplicates. A missing session is not an error.
+// JetStream de-duplicates. The admission ledger is synced first (a sync
+// applies the record as it is now, so a repeated one changes nothing). A
+// missing session is not an error.
 func (s *Store) FlushStatus(ctx context.Context, id string) error {
 	r, _, err := s.Get(ctx, id)
 	if errors.Is(err, ErrNotFound) {
@@ -186,6 +200,11 @@ func (s *Store) FlushStatus(ctx context.Context, id string) error {
 	}
 	if err != nil {
 		return err
+	}
+	if len(r.Outbox) > 0 {
+		if err := s.syncLedger(ctx, id, r); err != nil {
+			return err
+		}
 	}
 	return s.deliver(ctx, id, r.Outbox, "")
 }
@@ -273,10 +292,59 @@ func (s *Store) GetBundle(ctx context.Context, id string) (contract.Bundle, erro
 }
 
 // Evict removes every trace of a session: event and io subjects, bundle,
-// checkpoint and owner keys, then the record and its admission slot. The
-// record goes last, so an eviction that fails part-way leaves it in place
-// and is retried by whoever evicts next.
+// checkpoint, owner and reclaim index keys, then the record, and frees its
+// admission slot. It runs in three steps, each safe to repeat: the ledger
+// records the eviction as under way (only while the record exists, so a
+// finished eviction is never counted twice), the traces go with the record
+// last, then the ledger drops the eviction and the slot. An eviction that
+// fails part-way leaves the record in place and is finished by whoever
+// evicts next.
 func (s *Store) Evict(ctx context.Context, id string) error {
+	if _, err := s.updateLedger(ctx, func(l *Ledger) error {
+		if _, ok := l.Evicting[id]; ok {
+			return bus.ErrNoChange
+		}
+		if _, _, err := s.Get(ctx, id); err != nil {
+			if errors.Is(err, ErrNotFound) {
+				return bus.ErrNoChange // evicted already
+			}
+			return err
+		}
+		l.init()
+		l.Evicting[id] = Eviction{At: s.Now()}
+		delete(l.Watch, id)
+		delete(l.Pending, id)
+		return nil
+	}); err != nil {
+		return fmt.Errorf("evict %s: %w", id, err)
+	}
+	if err := s.purge(ctx, id); err != nil {
+		return err
+	}
+	_, err := s.updateLedger(ctx, func(l *Ledger) error {
+		e, ok := l.Evicting[id]
+		if !ok {
+			return bus.ErrNoChange
+		}
+		if _, _, err := s.Get(ctx, id); err == nil {
+			return bus.ErrNoChange // not gone: left to the next evictor
+		} else if !errors.Is(err, ErrNotFound) {
+			return err
+		}
+		delete(l.Evicting, id)
+		if !e.Transferred {
+			l.Total = max(0, l.Total-1)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("evict %s: %w", id, err)
+	}
+	return nil
+}
+
+// purge removes every trace of a session, the record last.
+func (s *Store) purge(ctx context.Context, id string) error {
 	var errs []error
 	if err := s.Events.Purge(ctx, bus.EventsSubject(id)); err != nil {
 		errs = append(errs, err)
@@ -292,20 +360,22 @@ func (s *Store) Evict(ctx context.Context, id string) error {
 			errs = append(errs, err)
 		}
 	}
+	// Reclaim index entries: only those that exist (a purge of a missing
+	// key would still leave a marker for the cursors to pass over).
+	for _, class := range []string{bus.ReclaimEnded, bus.ReclaimSuspended} {
+		key := bus.ReclaimKey(class, id)
+		if _, err := s.Admission.Get(ctx, key); errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err := s.Admission.Purge(ctx, key); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
 	if err := s.Sessions.Purge(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return err
 	}
-	if _, _, err := bus.UpdateJSON(ctx, s.Admission, bus.KeyAdmissionSlots, true, func(sl *Slots) error {
-		if _, ok := sl.IDs[id]; !ok {
-			return bus.ErrNoChange
-		}
-		delete(sl.IDs, id)
-		return nil
-	}); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
+	return nil
 }

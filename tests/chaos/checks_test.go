@@ -485,8 +485,13 @@ func leftovers(ctx context.Context, js jetstream.JetStream, id string) []string 
 		}
 		cancel()
 		if b.Bucket == bus.BucketAdmission {
-			if e, err := kv.Get(ctx, bus.KeyAdmissionSlots); err == nil && strings.Contains(string(e.Value()), id) {
-				out = append(out, fmt.Sprintf("admission slots still hold %s: %s", id, e.Value()))
+			if e, err := kv.Get(ctx, bus.KeyAdmissionLedger); err == nil && strings.Contains(string(e.Value()), id) {
+				out = append(out, fmt.Sprintf("admission ledger still holds %s: %s", id, e.Value()))
+			}
+			for _, class := range []string{bus.ReclaimEnded, bus.ReclaimSuspended} {
+				if _, err := kv.Get(ctx, bus.ReclaimKey(class, id)); err == nil {
+					out = append(out, fmt.Sprintf("reclaim index entry %s", bus.ReclaimKey(class, id)))
+				}
 			}
 		}
 	}

@@ -55,7 +55,7 @@ func runCreateCases(t *testing.T, cases []createCase) {
 	t.Helper()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			before := len(tc.e.slots(t))
+			before := tc.e.admitted(t)
 			res := tc.e.do(t, http.MethodPost, "/v1/sessions", tc.body, tc.hdr)
 			if res.status != tc.status {
 				t.Fatalf("POST /v1/sessions status = %d (body %s), want %d", res.status, res.body, tc.status)
@@ -73,7 +73,7 @@ func runCreateCases(t *testing.T, cases []createCase) {
 					t.Errorf("message = %q, want it to contain %q", msg, want)
 				}
 			}
-			if after := len(tc.e.slots(t)); after != before {
+			if after := tc.e.admitted(t); after != before {
 				t.Errorf("admitted sessions went from %d to %d on a rejected request", before, after)
 			}
 		})

@@ -158,7 +158,7 @@ func TestAdmissionAcrossReplicas(t *testing.T) {
 	if created != maxSessions || refused != requests-maxSessions {
 		t.Errorf("created, refused = %d, %d, want %d, %d", created, refused, maxSessions, requests-maxSessions)
 	}
-	if got := len(edges[0].slots(t)); got != maxSessions {
+	if got := edges[0].admitted(t); got != maxSessions {
 		t.Errorf("admitted slots = %d, want %d", got, maxSessions)
 	}
 	// Every admitted slot has its record, and no record lost its slot.

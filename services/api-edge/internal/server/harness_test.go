@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -184,23 +183,16 @@ func (e *testEnv) record(t testing.TB, id string) session.Record {
 	return rec
 }
 
-// slots returns the admission ledger's session ids.
-func (e *testEnv) slots(t testing.TB) map[string]string {
+// admitted returns how many sessions the admission ledger counts.
+func (e *testEnv) admitted(t testing.TB) int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	sl, _, err := bus.GetJSON[session.Slots](ctx, e.store.Admission, bus.KeyAdmissionSlots)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return map[string]string{}
-	}
+	l, err := e.store.Ledger(ctx)
 	if err != nil {
-		t.Fatalf("read admission slots: %v", err)
+		t.Fatalf("read admission ledger: %v", err)
 	}
-	out := make(map[string]string, len(sl.IDs))
-	for id, slot := range sl.IDs {
-		out[id] = slot.Mode
-	}
-	return out
+	return l.Total
 }
 
 // body is a JSON object under construction; mutators change it by path.

@@ -57,7 +57,7 @@ func TestBodyLimit(t *testing.T) {
 		})
 	}
 	// The refused creations took no slot: two were admitted.
-	if n := len(e.slots(t)); n != 2 {
+	if n := e.admitted(t); n != 2 {
 		t.Errorf("admitted sessions = %d, want 2", n)
 	}
 }

@@ -398,7 +398,7 @@ func TestCORS(t *testing.T) {
 		})
 	}
 	for _, e := range []*testEnv{list, loopback} {
-		if n := len(e.slots(t)); n != 0 {
+		if n := e.admitted(t); n != 0 {
 			t.Errorf("sessions admitted after refused requests = %d, want 0", n)
 		}
 	}

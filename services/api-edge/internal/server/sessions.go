@@ -212,6 +212,10 @@ func (s *Server) admitAndStart(c *gin.Context, mode string, apps []session.App, 
 		s.fail(c, fmt.Errorf("create session %s: %w", id, err))
 		return
 	}
+	if err := s.store.Admitted(ctx, id); err != nil {
+		s.fail(c, err)
+		return
+	}
 	for _, n := range notices {
 		if _, err := s.store.Emit(ctx, id, contract.Event{Type: contract.EventProgress, Phase: contract.PhaseProvision, Message: n}); err != nil {
 			s.fail(c, err)
