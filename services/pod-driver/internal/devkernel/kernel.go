@@ -55,6 +55,11 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	if opts.Inspect {
 		opts.InspectAddr = PodAddr(opts.InspectAddr, podIP)
 	}
+	peer, err := ParsePeerWorkload(os.Environ())
+	if err != nil {
+		fmt.Fprintf(stderr, "devkernel: %v\n", err)
+		return 2
+	}
 	tty := isTerminal(stdout)
 	errw := &lockedWriter{w: stderr}
 	k := &kernel{
@@ -67,6 +72,8 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 		stderr:   errw,
 		hub:      NewHub(nil),
 		log:      slog.New(slog.NewTextHandler(errw, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		peer:     peer,
+		gate:     make(chan struct{}),
 	}
 	return k.run(ctx, stdin)
 }
@@ -82,6 +89,9 @@ type kernel struct {
 	hub      *Hub
 	log      *slog.Logger
 	changes  chan struct{} // debounced entry changes; nil without --watch
+	peer     *PeerWorkload // PEER_* keys set: the peer's workload (peer.go)
+	gate     chan struct{} // closed by the first stdin byte (PEER_GATE=stdin)
+	gateOnce sync.Once
 }
 
 type endKind int
@@ -121,7 +131,11 @@ func (k *kernel) run(ctx context.Context, stdin io.Reader) int {
 		// The echo goroutine is the one this function does not wait for: a
 		// blocking read of fd 0 cannot be interrupted, so it lives until
 		// stdin reaches EOF or the process exits.
-		go k.echo(stdin)
+		if k.peer != nil {
+			go k.peerStdin(stdin)
+		} else {
+			go k.echo(stdin)
+		}
 	}
 	if k.opts.Watch {
 		k.changes = make(chan struct{}, 1)
@@ -147,7 +161,7 @@ func (k *kernel) run(ctx context.Context, stdin io.Reader) int {
 				continue
 			}
 		}
-		if k.opts.Inspect {
+		if k.opts.Inspect && k.peer == nil {
 			<-ctx.Done() // hold open for the inspector, as the CLI does
 		}
 		return end.code
@@ -161,7 +175,11 @@ func (k *kernel) generation(ctx context.Context, gen int) genEnd {
 		k.fail(PhaseLoad, CodeManifestInvalid, err.Error())
 		return genEnd{kind: endLoadFailed, code: 1}
 	}
-	if d := m.Dev.StartDelay; d > 0 {
+	d := m.Dev.StartDelay
+	if k.peer != nil && k.peer.StartDelay > 0 {
+		d = k.peer.StartDelay
+	}
+	if d > 0 {
 		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():
@@ -188,6 +206,11 @@ func (k *kernel) generation(ctx context.Context, gen int) genEnd {
 	}
 	k.banner(m.Name, gen)
 	k.hub.Event(EventStarted, nil)
+	if k.peer != nil {
+		end := k.peerGeneration(ctx)
+		k.stop(end.code, ports)
+		return end
+	}
 
 	outCtx, stopOut := context.WithCancel(ctx)
 	defer stopOut()

@@ -5,3 +5,5 @@ package devkernel
 import "golang.org/x/sys/unix"
 
 const ioctlReadTermios = unix.TIOCGETA
+
+const ioctlWriteTermios = unix.TIOCSETA
