@@ -27,7 +27,7 @@ CHAOS_FLAGS ?= -race -count=1 -timeout 15m -v
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
-.PHONY: help build run test vet fmt-check lint bench clean kube-bins images push nats-bin test-chaos
+.PHONY: help build run test vet fmt-check lint bench bench-peer clean kube-bins images push nats-bin test-chaos
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -99,6 +99,9 @@ $(TOOLS)/golangci-lint:
 
 bench: kube-bins ## benchmarks (figures printed as ratios against in-run baselines; the Kubernetes ones on the real API server)
 	cd bench && TELORUNNER_KUBE_BIN=$(KUBE_BIN) GOWORK=off $(GO) test -count=1 -run 'TestPrint' -v -bench . -benchtime=3x ./...
+
+bench-peer: build ## telorunner beside the reference runner (../shared/peer; npm registry needed): peerload io, sse, create against both, ratios ours ÷ reference, JSON under bench/out/
+	bench/peer/bench-peer.sh
 
 clean: ## remove build output and local state
 	rm -rf $(BIN) .telorunner dist

@@ -1,0 +1,148 @@
+// Command peercompare prints `make bench-peer`'s table: each measure of two
+// runners' peerload results (telorunner and the reference peer, same
+// machine, same run) and its ratio, ours ÷ reference, with which way is
+// better. A side is a path prefix: PREFIX-io.json, PREFIX-sse.json and
+// PREFIX-create.json (`peerload <mode> --json`), or PREFIX.json holding all
+// three (`peerload all --json`); a missing scenario prints n/a.
+//
+//	peercompare OURS REFERENCE
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"os"
+	"strings"
+)
+
+// measure is one figure of a peerload result: a path into its JSON and
+// whether a higher value is the better one.
+type measure struct {
+	name, path, unit string
+	higherBetter     bool
+}
+
+var measures = []measure{
+	{"create → 201 p50", "create.p50Ms", "ms", false},
+	{"create → 201 p99", "create.p99Ms", "ms", false},
+	{"creates per second", "create.perSecond", "/s", true},
+	{"server CPU per create", "create.cpuPerCreateMs", "ms", false},
+	{"io MiB/s", "io.mibPerSec", "MiB/s", true},
+	{"io MiB per server CPU-second", "io.mibPerCpuSecond", "MiB/CPU-s", true},
+	{"sse latency p50", "sse.latencyP50Ms", "ms", false},
+	{"sse latency p99", "sse.latencyP99Ms", "ms", false},
+	{"sse bytes per idle subscriber", "sse.bytesPerIdleSubscriber", "B", false},
+}
+
+func main() {
+	if len(os.Args) != 3 {
+		fmt.Fprintln(os.Stderr, "usage: peercompare OURS REFERENCE   (path prefixes of peerload --json results)")
+		os.Exit(2)
+	}
+	ours, err := load(os.Args[1])
+	if err != nil {
+		fail(err)
+	}
+	ref, err := load(os.Args[2])
+	if err != nil {
+		fail(err)
+	}
+	fmt.Printf("%-32s %14s %14s %10s  %s\n", "measure", "telorunner", "reference", "ours÷ref", "better")
+	for _, m := range measures {
+		a, b := value(ours, m.path), value(ref, m.path)
+		ratio := math.NaN()
+		if !math.IsNaN(a) && !math.IsNaN(b) && b != 0 {
+			ratio = a / b
+		}
+		better := "lower"
+		if m.higherBetter {
+			better = "higher"
+		}
+		fmt.Printf("%-32s %14s %14s %10s  %s\n", m.name, num(a, m.unit), num(b, m.unit), num(ratio, "×"), better)
+	}
+	for _, r := range []struct {
+		label string
+		doc   map[string]any
+	}{{"telorunner", ours}, {"reference", ref}} {
+		fmt.Printf("%s: io %v of %v bytes received (seq breaks %v, gaps %v); sse %v of %v deliveries, %v subscriber errors; create %v × %v non-201\n",
+			r.label, get(r.doc, "io.receivedBytes"), get(r.doc, "io.outputBytes"), get(r.doc, "io.seqBreaks"), get(r.doc, "io.gaps"),
+			get(r.doc, "sse.delivered"), get(r.doc, "sse.expectedDeliveries"), get(r.doc, "sse.subscriberErrors"),
+			get(r.doc, "create.count"), get(r.doc, "create.non201"))
+	}
+}
+
+// load reads one side's peerload results and adds the derived figures.
+func load(prefix string) (map[string]any, error) {
+	doc := map[string]any{}
+	found := false
+	for _, path := range []string{prefix + ".json", prefix + "-io.json", prefix + "-sse.json", prefix + "-create.json"} {
+		b, err := os.ReadFile(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		var part map[string]any
+		if err := json.Unmarshal(b, &part); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		for _, k := range []string{"io", "sse", "create"} {
+			if v, ok := part[k]; ok {
+				doc[k] = v
+				found = true
+			}
+		}
+	}
+	if !found {
+		return nil, fmt.Errorf("no peerload results at %s(-io|-sse|-create).json", prefix)
+	}
+	if c, ok := doc["create"].(map[string]any); ok {
+		cpu, _ := c["serverCpuSeconds"].(float64)
+		n, _ := c["count"].(float64)
+		if cpu > 0 && n > 0 {
+			c["cpuPerCreateMs"] = cpu / n * 1000
+		}
+	}
+	return doc, nil
+}
+
+func get(doc map[string]any, path string) any {
+	var cur any = doc
+	for _, k := range strings.Split(path, ".") {
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return nil
+		}
+		cur = m[k]
+	}
+	return cur
+}
+
+func value(doc map[string]any, path string) float64 {
+	if f, ok := get(doc, path).(float64); ok && f >= 0 {
+		return f
+	}
+	return math.NaN()
+}
+
+func num(f float64, unit string) string {
+	switch {
+	case math.IsNaN(f):
+		return "n/a"
+	case unit == "×":
+		return fmt.Sprintf("%.2f×", f)
+	case f >= 100:
+		return fmt.Sprintf("%.0f %s", f, unit)
+	default:
+		return fmt.Sprintf("%.2f %s", f, unit)
+	}
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "peercompare:", err)
+	os.Exit(1)
+}

@@ -1,0 +1,192 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/pkg/session"
+	"github.com/telorunner/telorunner/services/telorunner/allinone"
+)
+
+// TestPrintCreateLatency prints create → 201 p50/p99 through the real HTTP
+// edge of the all-in-one with 10, 1,000 and 10,000 retained sessions, a
+// fresh all-in-one per level so the levels differ only in what is
+// retained. The retained sessions are seeded through the store as the
+// services make them (admitted, recorded, ended through SetStatus, so each
+// has its reclaim index entry); the timed creates are sequential on one
+// keep-alive connection, each a session whose workload exits at once.
+// Beside them: this process's CPU per create (edge, driver, supervisor and
+// NATS; the kernels are processes of their own) and the admission alone
+// (Admit + Admitted through the store), p50.
+// BENCH_CREATE_SAMPLES sets the creates per level (default 200).
+func TestPrintCreateLatency(t *testing.T) {
+	samples := 200
+	if v, err := strconv.Atoi(os.Getenv("BENCH_CREATE_SAMPLES")); err == nil && v > 0 {
+		samples = v
+	}
+	body, _ := json.Marshal(runSession("kind: Telo.Application\nmetadata:\n  name: quick\nx-devkernel:\n  exitAfterMs: 1\n", false))
+	t.Logf("%-9s %-8s %-10s %-10s %-14s %-12s %s", "retained", "samples", "p50", "p99", "CPU/create", "admit p50", "seeded in")
+	var p50s []time.Duration
+	for _, level := range []int{10, 1000, 10000} {
+		t.Run(strconv.Itoa(level), func(t *testing.T) { p50s = append(p50s, createLevel(t, level, samples, body)) })
+	}
+	if len(p50s) == 3 {
+		t.Logf("create p50 at 10,000 retained ÷ at 10: %.2f", float64(p50s[2])/float64(p50s[0]))
+	}
+}
+
+// createLevel times samples creates with level sessions retained, on an
+// all-in-one of its own (stopped when t ends), and returns the p50.
+func createLevel(t *testing.T, level, samples int, body []byte) time.Duration {
+	r := startRunner(t, map[string]string{"RUNNER_MAX_SESSIONS": "100000"})
+	store := edgeStore(t, r)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
+	create := func() time.Duration {
+		start := time.Now()
+		res, err := client.Post(r.url+"/v1/sessions", "application/json", strings.NewReader(string(body)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		d := time.Since(start)
+		if res.StatusCode != http.StatusCreated {
+			t.Fatalf("create = %d %s", res.StatusCode, b)
+		}
+		return d
+	}
+	start := time.Now()
+	seedRetained(t, store, level)
+	seeded := time.Since(start)
+	for range 5 {
+		create() // warm the connection and the services
+	}
+	l, err := store.Ledger(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Total < level {
+		t.Fatalf("ledger counts %d retained sessions, want ≥ %d", l.Total, level)
+	}
+	lat := make([]time.Duration, samples)
+	cpu0 := cpuTime()
+	for i := range lat {
+		lat[i] = create()
+	}
+	cpu := (cpuTime() - cpu0) / time.Duration(samples)
+	admit := make([]time.Duration, samples)
+	ctx := context.Background()
+	for i := range admit {
+		id := contract.NewSessionID()
+		t0 := time.Now()
+		if err := store.Admit(ctx, id, contract.ModeRun, session.Limits{MaxSessions: 100000}); err != nil {
+			t.Fatal(err)
+		}
+		if err := store.Admitted(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		admit[i] = time.Since(t0)
+	}
+	slices.Sort(lat)
+	slices.Sort(admit)
+	p50, p99 := lat[len(lat)/2], lat[len(lat)*99/100]
+	t.Logf("%-9d %-8d %-10s %-10s %-14s %-12s %s", l.Total, samples, p50.Round(time.Microsecond), p99.Round(time.Microsecond),
+		cpu.Round(time.Microsecond), admit[len(admit)/2].Round(time.Microsecond), seeded.Round(time.Millisecond))
+	return p50
+}
+
+// edgeStore is a registry store on the all-in-one's NATS with the edge's
+// credential.
+func edgeStore(tb testing.TB, r runner) *session.Store {
+	tb.Helper()
+	kp, err := bus.LoadSeed(bus.SeedFile(allinone.CredentialsDir(r.dataDir), bus.RoleEdge))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	auth, err := bus.ClientOptions(bus.RoleEdge, kp, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	nc, err := nats.Connect(r.natsURL, auth...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	store, err := session.Open(context.Background(), js, 5_000_000)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return store
+}
+
+// seedRetained adds n ended sessions: admitted, recorded (as a creation
+// does, start requested just now so the supervisor leaves it to the
+// queue) and exited.
+func seedRetained(tb testing.TB, store *session.Store, n int) {
+	tb.Helper()
+	if n <= 0 {
+		return
+	}
+	ctx := context.Background()
+	lim := session.Limits{MaxSessions: 100000}
+	work := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var failed error
+	for range 16 {
+		wg.Go(func() {
+			for range work {
+				if err := seedOne(ctx, store, lim); err != nil {
+					mu.Lock()
+					failed = err
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for range n {
+		work <- struct{}{}
+	}
+	close(work)
+	wg.Wait()
+	if failed != nil {
+		tb.Fatal(failed)
+	}
+}
+
+func seedOne(ctx context.Context, store *session.Store, lim session.Limits) error {
+	id := contract.NewSessionID()
+	if err := store.Admit(ctx, id, contract.ModeRun, lim); err != nil {
+		return err
+	}
+	now := time.Now().UTC()
+	rec := session.Record{ID: id, Mode: contract.ModeRun, Status: contract.Status{Kind: contract.StatusStarting},
+		Apps: []session.App{{Name: contract.DefaultApp, Entry: "telo.yaml", IO: contract.IOTTY}}, CreatedAt: now, IdleSince: &now, StartRequestedAt: &now}
+	if err := store.Create(ctx, rec); err != nil {
+		return err
+	}
+	if err := store.Admitted(ctx, id); err != nil {
+		return err
+	}
+	code := 0
+	if _, err := store.SetStatus(ctx, id, contract.Status{Kind: contract.StatusExited, Code: &code}, nil); err != nil {
+		return fmt.Errorf("end seeded session %s: %w", id, err)
+	}
+	return nil
+}
