@@ -30,8 +30,8 @@ var measures = []measure{
 	{"create → 201 p99", "create.p99Ms", "ms", false},
 	{"creates per second", "create.perSecond", "/s", true},
 	{"server CPU per create", "create.cpuPerCreateMs", "ms", false},
-	{"io MiB/s", "io.mibPerSec", "MiB/s", true},
-	{"io MiB per server CPU-second", "io.mibPerCpuSecond", "MiB/CPU-s", true},
+	{"io MiB/s (median)", "io.medianMiBPerSec", "MiB/s", true},
+	{"io MiB per server CPU-second", "io.medianMiBPerCPUSecond", "MiB/CPU-s", true},
 	{"sse latency p50", "sse.latencyP50Ms", "ms", false},
 	{"sse latency p99", "sse.latencyP99Ms", "ms", false},
 	{"sse bytes per idle subscriber", "sse.bytesPerIdleSubscriber", "B", false},
@@ -50,7 +50,7 @@ func main() {
 	if err != nil {
 		fail(err)
 	}
-	fmt.Printf("%-32s %14s %14s %10s  %s\n", "measure", "telorunner", "reference", "ours÷ref", "better")
+	fmt.Printf("%-30s %16s %16s %9s  %s\n", "measure", "telorunner", "reference", "ours÷ref", "better")
 	for _, m := range measures {
 		a, b := value(ours, m.path), value(ref, m.path)
 		ratio := math.NaN()
@@ -61,16 +61,16 @@ func main() {
 		if m.higherBetter {
 			better = "higher"
 		}
-		fmt.Printf("%-32s %14s %14s %10s  %s\n", m.name, num(a, m.unit), num(b, m.unit), num(ratio, "×"), better)
+		fmt.Printf("%-30s %16s %16s %9s  %s\n", m.name, num(a, m.unit), num(b, m.unit), num(ratio, "×"), better)
 	}
 	for _, r := range []struct {
 		label string
 		doc   map[string]any
 	}{{"telorunner", ours}, {"reference", ref}} {
-		fmt.Printf("%s: io %v of %v bytes received (seq breaks %v, gaps %v); sse %v of %v deliveries, %v subscriber errors; create %v × %v non-201\n",
-			r.label, get(r.doc, "io.receivedBytes"), get(r.doc, "io.outputBytes"), get(r.doc, "io.seqBreaks"), get(r.doc, "io.gaps"),
-			get(r.doc, "sse.delivered"), get(r.doc, "sse.expectedDeliveries"), get(r.doc, "sse.subscriberErrors"),
-			get(r.doc, "create.count"), get(r.doc, "create.non201"))
+		n := func(path string) string { return num(value(r.doc, path), "") }
+		fmt.Printf("%s: io %s of %s bytes received (seq breaks %s, gaps %s); sse %s of %s deliveries, %s subscriber errors; create %s, %s non-201\n",
+			r.label, n("io.receivedBytes"), n("io.outputBytes"), n("io.seqBreaks"), n("io.gaps"),
+			n("sse.delivered"), n("sse.expectedDeliveries"), n("sse.subscriberErrors"), n("create.count"), n("create.non201"))
 	}
 }
 
@@ -99,6 +99,19 @@ func load(prefix string) (map[string]any, error) {
 	}
 	if !found {
 		return nil, fmt.Errorf("no peerload results at %s(-io|-sse|-create).json", prefix)
+	}
+	if io, ok := doc["io"].(map[string]any); ok {
+		runs, _ := io["runs"].([]any)
+		for _, k := range []string{"receivedBytes", "outputBytes", "seqBreaks", "gaps"} {
+			sum := 0.0
+			for _, r := range runs {
+				if m, ok := r.(map[string]any); ok {
+					f, _ := m[k].(float64)
+					sum += f
+				}
+			}
+			io[k] = sum
+		}
 	}
 	if c, ok := doc["create"].(map[string]any); ok {
 		cpu, _ := c["serverCpuSeconds"].(float64)
@@ -133,6 +146,8 @@ func num(f float64, unit string) string {
 	switch {
 	case math.IsNaN(f):
 		return "n/a"
+	case unit == "":
+		return fmt.Sprintf("%.0f", f)
 	case unit == "×":
 		return fmt.Sprintf("%.2f×", f)
 	case f >= 100:

@@ -104,13 +104,15 @@ func ParsePeerWorkload(environ []string) (*PeerWorkload, error) {
 }
 
 // peerStdin replaces the line echo for a peer workload: stdin is read raw
-// (a terminal is switched out of canonical mode and its own echo, as the
-// gate byte comes with no newline), every byte is echoed to stdout as it
-// is, and the first one opens the gate.
+// (a terminal is switched out of canonical mode, its own echo and output
+// processing, as the gate byte comes with no newline and the peer's
+// workload writes bytes as they are: no \r before each \n), every byte is
+// echoed to stdout as it is, and the first one opens the gate.
 func (k *kernel) peerStdin(stdin io.Reader) {
 	if f, ok := stdin.(fder); ok {
 		if t, err := unix.IoctlGetTermios(int(f.Fd()), ioctlReadTermios); err == nil {
 			t.Lflag &^= unix.ICANON | unix.ECHO
+			t.Oflag &^= unix.OPOST
 			t.Cc[unix.VMIN], t.Cc[unix.VTIME] = 1, 0
 			_ = unix.IoctlSetTermios(int(f.Fd()), ioctlWriteTermios, t)
 		}

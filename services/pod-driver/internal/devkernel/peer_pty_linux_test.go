@@ -8,7 +8,7 @@ import (
 
 // Over a terminal the gate byte arrives with no newline and is read at
 // once (the workload leaves canonical mode), echoed once (the terminal's
-// own echo is off).
+// own echo is off), and the output arrives as written (no \r added).
 func TestPeerGateOverPTY(t *testing.T) {
 	ptmx, tty := openPTY(t)
 	out := &syncBuffer{}
@@ -45,5 +45,9 @@ func TestPeerGateOverPTY(t *testing.T) {
 	waitUntil(t, waitLong, func() bool { return strings.Contains(out.String(), "g0123456789") }, "the echoed gate byte then the output; got %q", lazyString{out})
 	if n := strings.Count(out.String(), "g0123456789"); n != 1 || strings.Count(out.String(), "gg") != 0 {
 		t.Errorf("output %q: want the gate byte echoed once", out)
+	}
+	_, after, _ := strings.Cut(out.String(), "g0123456789")
+	if want := string(patternLine[10:]); after != want {
+		t.Errorf("output after the gate = %q, want %q (the 64 bytes as written)", after, want)
 	}
 }
