@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -352,16 +353,89 @@ func (s *Store) Ledger(ctx context.Context) (Ledger, error) {
 }
 
 // updateLedger applies mutate to the ledger's head with compare-and-set.
+// It first tries the head as this store last saw it (no read when no other
+// process changed it since); a conflict, a refusal or "no change" decided
+// on that copy is decided again on the head as it is.
 func (s *Store) updateLedger(ctx context.Context, mutate func(*Ledger) error) (Ledger, error) {
+	l, rev, seen := s.ledgerSeen.get()
 	for {
-		l, _, err := bus.UpdateJSON(ctx, s.Admission, bus.KeyAdmissionLedger, false, mutate)
-		if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		if !seen {
+			e, err := s.Admission.Get(ctx, bus.KeyAdmissionLedger)
+			if errors.Is(err, jetstream.ErrKeyNotFound) {
+				if err := s.buildLedger(ctx); err != nil {
+					return Ledger{}, err
+				}
+				continue
+			}
+			if err != nil {
+				return Ledger{}, err
+			}
+			l = Ledger{}
+			if err := json.Unmarshal(e.Value(), &l); err != nil {
+				return l, fmt.Errorf("decode %s: %w", bus.KeyAdmissionLedger, err)
+			}
+			rev = e.Revision()
+			s.ledgerSeen.set(e.Value(), rev)
+		}
+		if err := mutate(&l); err != nil {
+			if seen {
+				seen = false // decided on an old copy: decide again
+				continue
+			}
+			if errors.Is(err, bus.ErrNoChange) {
+				return l, nil
+			}
 			return l, err
 		}
-		if err := s.buildLedger(ctx); err != nil {
+		b, err := json.Marshal(l)
+		if err != nil {
+			return l, fmt.Errorf("encode %s: %w", bus.KeyAdmissionLedger, err)
+		}
+		next, err := s.Admission.Update(ctx, bus.KeyAdmissionLedger, b, rev)
+		if err == nil {
+			s.ledgerSeen.set(b, next)
+			return l, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !isWrongLastSeq(err) {
+			return l, fmt.Errorf("update %s: %w", bus.KeyAdmissionLedger, err)
+		}
+		if err := ctx.Err(); err != nil {
 			return l, err
 		}
+		seen = false
 	}
+}
+
+// seenLedger is the ledger's head as a store last read or wrote it.
+type seenLedger struct {
+	mu  sync.Mutex
+	raw []byte
+	rev uint64
+}
+
+func (c *seenLedger) get() (Ledger, uint64, bool) {
+	c.mu.Lock()
+	raw, rev := c.raw, c.rev
+	c.mu.Unlock()
+	var l Ledger
+	if rev == 0 || json.Unmarshal(raw, &l) != nil {
+		return l, 0, false
+	}
+	return l, rev, true
+}
+
+func (c *seenLedger) set(raw []byte, rev uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if rev > c.rev {
+		c.raw, c.rev = raw, rev
+	}
+}
+
+func isWrongLastSeq(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
 
 // buildLedger creates the ledger's head, from the first ledger format when

@@ -449,3 +449,25 @@ func TestLedgerBuiltFromTheFirstFormat(t *testing.T) {
 	_, err := admitted(t, store, contract.ModeRun, lim)
 	wantRefusal(t, err, "too_many_sessions")
 }
+
+// A store decides on the head as it is, not as it last saw it: a slot
+// another process freed is found, and a count it did not see is not
+// overwritten.
+func TestAdmitDecidesOnTheCurrentHead(t *testing.T) {
+	s := testkit.StartJetStream(t)
+	_, one := processStore(t, s, bus.RoleEdge)
+	_, two := processStore(t, s, bus.RoleSupervisor)
+	lim := session.Limits{MaxSessions: 2}
+	first := mustAdmit(t, one, contract.ModeRun, lim)
+	mustAdmit(t, one, contract.ModeRun, lim) // one's copy: full
+	end(t, two, first, time.Now().UTC())
+	if err := two.Evict(context.Background(), first); err != nil {
+		t.Fatal(err)
+	}
+	mustAdmit(t, one, contract.ModeRun, lim) // the slot two freed
+	_, err := admitted(t, two, contract.ModeRun, lim)
+	wantRefusal(t, err, "too_many_sessions")
+	if l := ledger(t, one); l.Total != 2 {
+		t.Errorf("Total = %d, want 2", l.Total)
+	}
+}

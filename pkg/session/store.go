@@ -37,6 +37,8 @@ type Store struct {
 	// admIndex is the stream behind Admission, read by subject for the
 	// reclaim index (Admit).
 	admIndex jetstream.Stream
+	// ledgerSeen is the admission ledger's head as this store last saw it.
+	ledgerSeen seenLedger
 
 	// afterStatusCAS, when set (tests), runs between a status transition
 	// and the append of its event; an error ends SetStatus there, as a
