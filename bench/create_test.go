@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -23,90 +21,94 @@ import (
 	"github.com/telorunner/telorunner/services/telorunner/allinone"
 )
 
-// TestPrintCreateLatency prints create → 201 p50/p99 through the real HTTP
-// edge of the all-in-one with 10, 1,000 and 10,000 retained sessions, a
-// fresh all-in-one per level so the levels differ only in what is
+// BenchmarkCreateRetained prints create → 201 p50/p99 through the real
+// HTTP edge of the all-in-one with 10, 1,000 and 10,000 retained sessions,
+// a fresh all-in-one per level so the levels differ only in what is
 // retained. The retained sessions are seeded through the store as the
 // services make them (admitted, recorded, ended through SetStatus, so each
-// has its reclaim index entry); the timed creates are sequential on one
-// keep-alive connection, each a session whose workload exits at once.
-// Beside them: this process's CPU per create (edge, driver, supervisor and
-// NATS; the kernels are processes of their own) and the admission alone
-// (Admit + Admitted through the store), p50.
-// BENCH_CREATE_SAMPLES sets the creates per level (default 200).
-func TestPrintCreateLatency(t *testing.T) {
-	samples := 200
-	if v, err := strconv.Atoi(os.Getenv("BENCH_CREATE_SAMPLES")); err == nil && v > 0 {
-		samples = v
-	}
+// has its reclaim index entry); each iteration is 50 sequential creates
+// on one keep-alive connection, each a session whose workload exits at
+// once. Beside them: this process's CPU per create (edge, driver,
+// supervisor and NATS; the kernels are processes of their own) and the
+// admission alone (Admit + Admitted through the store), p50.
+func BenchmarkCreateRetained(b *testing.B) {
 	body, _ := json.Marshal(runSession("kind: Telo.Application\nmetadata:\n  name: quick\nx-devkernel:\n  exitAfterMs: 1\n", false))
-	t.Logf("%-9s %-8s %-10s %-10s %-14s %-12s %s", "retained", "samples", "p50", "p99", "CPU/create", "admit p50", "seeded in")
 	var p50s []time.Duration
 	for _, level := range []int{10, 1000, 10000} {
-		t.Run(strconv.Itoa(level), func(t *testing.T) { p50s = append(p50s, createLevel(t, level, samples, body)) })
+		b.Run(fmt.Sprintf("retained=%d", level), func(b *testing.B) { p50s = append(p50s, createLevel(b, level, body)) })
 	}
 	if len(p50s) == 3 {
-		t.Logf("create p50 at 10,000 retained ÷ at 10: %.2f", float64(p50s[2])/float64(p50s[0]))
+		b.Logf("create p50 at 10,000 retained ÷ at 10: %.2f", float64(p50s[2])/float64(p50s[0]))
 	}
 }
 
-// createLevel times samples creates with level sessions retained, on an
-// all-in-one of its own (stopped when t ends), and returns the p50.
-func createLevel(t *testing.T, level, samples int, body []byte) time.Duration {
-	r := startRunner(t, map[string]string{"RUNNER_MAX_SESSIONS": "100000"})
-	store := edgeStore(t, r)
+// createsPerIteration is BenchmarkCreateRetained's batch: p99 needs more
+// samples than -benchtime=3x iterations.
+const createsPerIteration = 50
+
+// createLevel times creates with level sessions retained, on an
+// all-in-one of its own (stopped when b ends), and returns the p50.
+func createLevel(b *testing.B, level int, body []byte) time.Duration {
+	r := startRunner(b, map[string]string{"RUNNER_MAX_SESSIONS": "100000"})
+	store := edgeStore(b, r)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
 	create := func() time.Duration {
 		start := time.Now()
 		res, err := client.Post(r.url+"/v1/sessions", "application/json", strings.NewReader(string(body)))
 		if err != nil {
-			t.Fatal(err)
+			b.Fatal(err)
 		}
-		b, _ := io.ReadAll(res.Body)
+		data, _ := io.ReadAll(res.Body)
 		res.Body.Close()
 		d := time.Since(start)
 		if res.StatusCode != http.StatusCreated {
-			t.Fatalf("create = %d %s", res.StatusCode, b)
+			b.Fatalf("create = %d %s", res.StatusCode, data)
 		}
 		return d
 	}
 	start := time.Now()
-	seedRetained(t, store, level)
+	seedRetained(b, store, level)
 	seeded := time.Since(start)
 	for range 5 {
 		create() // warm the connection and the services
 	}
 	l, err := store.Ledger(context.Background())
 	if err != nil {
-		t.Fatal(err)
+		b.Fatal(err)
 	}
 	if l.Total < level {
-		t.Fatalf("ledger counts %d retained sessions, want ≥ %d", l.Total, level)
+		b.Fatalf("ledger counts %d retained sessions, want ≥ %d", l.Total, level)
 	}
-	lat := make([]time.Duration, samples)
+	var lat []time.Duration
 	cpu0 := cpuTime()
-	for i := range lat {
-		lat[i] = create()
+	for b.Loop() {
+		for range createsPerIteration {
+			lat = append(lat, create())
+		}
 	}
-	cpu := (cpuTime() - cpu0) / time.Duration(samples)
-	admit := make([]time.Duration, samples)
+	cpu := (cpuTime() - cpu0) / time.Duration(len(lat))
+	b.StopTimer()
+	admit := make([]time.Duration, 100)
 	ctx := context.Background()
 	for i := range admit {
 		id := contract.NewSessionID()
 		t0 := time.Now()
 		if err := store.Admit(ctx, id, contract.ModeRun, session.Limits{MaxSessions: 100000}); err != nil {
-			t.Fatal(err)
+			b.Fatal(err)
 		}
 		if err := store.Admitted(ctx, id); err != nil {
-			t.Fatal(err)
+			b.Fatal(err)
 		}
 		admit[i] = time.Since(t0)
 	}
 	slices.Sort(lat)
 	slices.Sort(admit)
 	p50, p99 := lat[len(lat)/2], lat[len(lat)*99/100]
-	t.Logf("%-9d %-8d %-10s %-10s %-14s %-12s %s", l.Total, samples, p50.Round(time.Microsecond), p99.Round(time.Microsecond),
-		cpu.Round(time.Microsecond), admit[len(admit)/2].Round(time.Microsecond), seeded.Round(time.Millisecond))
+	b.ReportMetric(float64(p50.Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(p99.Microseconds())/1000, "p99-ms")
+	b.Logf("retained %d, %d samples: create p50 %s, p99 %s; CPU per create %s; admission alone p50 %s (%d samples); seeded in %s",
+		l.Total, len(lat), p50.Round(time.Microsecond), p99.Round(time.Microsecond), cpu.Round(time.Microsecond),
+		admit[len(admit)/2].Round(time.Microsecond), len(admit), seeded.Round(time.Millisecond))
 	return p50
 }
 
