@@ -132,6 +132,7 @@ func (k *kernel) run(ctx context.Context, stdin io.Reader) int {
 		// blocking read of fd 0 cannot be interrupted, so it lives until
 		// stdin reaches EOF or the process exits.
 		if k.peer != nil {
+			rawTerminal(stdin)
 			go k.peerStdin(stdin)
 		} else {
 			go k.echo(stdin)

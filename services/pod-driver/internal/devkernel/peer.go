@@ -108,25 +108,35 @@ func ParsePeerWorkload(environ []string) (*PeerWorkload, error) {
 // processing, as the gate byte comes with no newline and the peer's
 // workload writes bytes as they are: no \r before each \n), every byte is
 // echoed to stdout as it is, and the first one opens the gate.
+// Its caller has made the terminal raw first (rawTerminal), before the
+// banner, so a gate byte sent once the banner is seen is never held for a
+// newline.
 func (k *kernel) peerStdin(stdin io.Reader) {
-	if f, ok := stdin.(fder); ok {
-		if t, err := unix.IoctlGetTermios(int(f.Fd()), ioctlReadTermios); err == nil {
-			t.Lflag &^= unix.ICANON | unix.ECHO
-			t.Oflag &^= unix.OPOST
-			t.Cc[unix.VMIN], t.Cc[unix.VTIME] = 1, 0
-			_ = unix.IoctlSetTermios(int(f.Fd()), ioctlWriteTermios, t)
-		}
-	}
 	buf := make([]byte, 4096)
 	for {
 		n, err := stdin.Read(buf)
 		if n > 0 {
+			_, _ = k.stdout.Write(buf[:n]) // the echo comes before the output it lets out
 			k.openGate()
-			_, _ = k.stdout.Write(buf[:n])
 		}
 		if err != nil {
 			return
 		}
+	}
+}
+
+// rawTerminal switches a terminal stdin out of canonical mode, echo and
+// output processing; anything else is left alone.
+func rawTerminal(stdin io.Reader) {
+	f, ok := stdin.(fder)
+	if !ok {
+		return
+	}
+	if t, err := unix.IoctlGetTermios(int(f.Fd()), ioctlReadTermios); err == nil {
+		t.Lflag &^= unix.ICANON | unix.ECHO
+		t.Oflag &^= unix.OPOST
+		t.Cc[unix.VMIN], t.Cc[unix.VTIME] = 1, 0
+		_ = unix.IoctlSetTermios(int(f.Fd()), ioctlWriteTermios, t)
 	}
 }
 

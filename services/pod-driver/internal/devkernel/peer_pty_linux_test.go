@@ -35,7 +35,8 @@ func TestPeerGateOverPTY(t *testing.T) {
 		t.Fatal(err)
 	}
 	tty.Close()
-	waitUntil(t, waitLong, func() bool { return strings.Contains(out.String(), "tty=true") }, "banner; got %q", lazyString{out})
+	// The ready line (stderr, the same terminal) follows the banner.
+	waitUntil(t, waitLong, func() bool { return strings.Contains(out.String(), "devkernel gate ready") }, "ready line; got %q", lazyString{out})
 	if _, err := ptmx.Write([]byte("g")); err != nil {
 		t.Fatal(err)
 	}
