@@ -2,10 +2,37 @@ package bus
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
+
+// Reads start where the reader is, never at the window's start: the stream
+// position of a Runner-Seq is found by a search over direct gets
+// (next-by-subject gets are ordered by stream sequence, and Runner-Seq grows
+// with it), and the entries after it are fetched in batches of direct gets
+// bounded in bytes. A resume or a lag repair therefore costs a few round
+// trips plus what is missing, whatever the retained window holds.
+
+// readBatchBytes bounds one batch of a range read (and the client buffer
+// of a live reader): the memory one read pins, whatever the window holds.
+const readBatchBytes = 1 << 20
+
+// readBatchEntries bounds the entries of one batch of a range read.
+const readBatchEntries = 256
+
+// directGets counts direct-get round trips (probes and batches), for the
+// benchmarks' cost figures.
+var directGets atomic.Uint64
+
+// DirectGets returns how many direct-get round trips this process has made
+// to locate and read log entries.
+func DirectGets() uint64 { return directGets.Load() }
 
 // Reader replays a subject's retained entries after a position and then
 // follows new ones live. It is not safe for concurrent use.
@@ -17,18 +44,23 @@ type Reader struct {
 }
 
 // Read opens a reader over subject that yields entries with Runner-Seq
-// greater than after: first the retained history, then live appends, with
-// no gap or duplicate between the two. Close it when done; cancelling ctx
-// also ends it.
+// greater than after: first the retained history from that position (not
+// the window's start), then live appends, with no gap or duplicate between
+// the two. Close it when done; cancelling ctx also ends it.
 func (l *Log) Read(ctx context.Context, subject string, after uint64) (*Reader, error) {
-	c, err := l.js.OrderedConsumer(ctx, l.stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{subject},
-		DeliverPolicy:  jetstream.DeliverAllPolicy,
-	})
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}, DeliverPolicy: jetstream.DeliverAllPolicy}
+	if after > 0 {
+		start, err := l.locate(ctx, subject, after)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", subject, err)
+		}
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, start
+	}
+	c, err := l.js.OrderedConsumer(ctx, l.stream, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", subject, err)
 	}
-	it, err := c.Messages(jetstream.PullMaxMessages(256))
+	it, err := c.Messages(jetstream.PullMaxBytes(readBatchBytes))
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", subject, err)
 	}
@@ -66,4 +98,271 @@ func (r *Reader) Next() (e Entry, gap bool, pending uint64, err error) {
 func (r *Reader) Close() {
 	r.stop()
 	r.it.Stop()
+}
+
+// ReadRange calls fn, in order, for the retained entries of subject with
+// after < Runner-Seq <= upTo, and returns once it has passed upTo or the
+// subject has no more entries. gap is true on the first entry when entries
+// after `after` were evicted from the window. It reads from the position of
+// after+1 (found by search), in batches of at most 1 MiB, so its cost is
+// the missing entries plus a few round trips, and its memory one batch.
+// An error from fn ends the read and is returned.
+func (l *Log) ReadRange(ctx context.Context, subject string, after, upTo uint64, fn func(e Entry, gap bool) error) error {
+	if upTo <= after {
+		return nil
+	}
+	pos, err := l.locate(ctx, subject, after)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", subject, err)
+	}
+	first := true
+	last := after
+	for last < upTo {
+		n := int(min(upTo-last, readBatchEntries))
+		var ferr error
+		got, next, err := l.batch(ctx, subject, pos, n, func(e Entry) bool {
+			if e.Seq <= last {
+				return true
+			}
+			if e.Seq > upTo {
+				last = upTo
+				return false
+			}
+			gap := first && e.Seq > after+1
+			first = false
+			last = e.Seq
+			if ferr = fn(e, gap); ferr != nil {
+				return false
+			}
+			return true
+		})
+		if ferr != nil {
+			return ferr
+		}
+		if err != nil {
+			return fmt.Errorf("read %s: %w", subject, err)
+		}
+		if got == 0 {
+			return nil // the subject ends before upTo
+		}
+		pos = next
+	}
+	return nil
+}
+
+// locate returns the stream sequence from which subject's entries with
+// Runner-Seq > after start (the next stream sequence after the subject's
+// tail when there are none yet). It reads the tail and the oldest entry,
+// then narrows the stream range by interpolation, alternating with
+// bisection so it never takes more than about twice log2(range) probes; one
+// direct get per probe.
+func (l *Log) locate(ctx context.Context, subject string, after uint64) (uint64, error) {
+	tail, ok, err := l.getLast(ctx, subject)
+	if err != nil || !ok {
+		return 1, err // empty subject: nothing to skip
+	}
+	switch {
+	case tail.Seq <= after:
+		return tail.StreamSeq + 1, nil
+	case tail.Seq == after+1:
+		return tail.StreamSeq, nil
+	}
+	first, ok, err := l.getNext(ctx, subject, 1)
+	if err != nil {
+		return 0, err
+	}
+	if !ok {
+		return tail.StreamSeq + 1, nil // purged meanwhile
+	}
+	if first.Seq > after {
+		return first.StreamSeq, nil // evicted up to here: a gap
+	}
+	if first.Seq == after {
+		lo := first.StreamSeq + 1
+		e, ok, err := l.getNext(ctx, subject, lo)
+		if err != nil || !ok {
+			return lo, err
+		}
+		return e.StreamSeq, nil
+	}
+	// The answer is cand, or an entry in the unsearched range [lo, hi);
+	// [hi, cand) holds no entry of subject. loSeq is the Runner-Seq of the
+	// subject's last entry below lo.
+	lo, loSeq := first.StreamSeq+1, first.Seq
+	hi, cand, candSeq := tail.StreamSeq, tail.StreamSeq, tail.Seq
+	for bisect := false; lo < hi; bisect = !bisect {
+		mid := lo + (hi-lo)/2
+		if !bisect && candSeq > loSeq {
+			// Interpolate: the subject's entries are spread over the range.
+			mid = lo + (cand-lo)*(after-loSeq)/(candSeq-loSeq)
+			mid = min(max(mid, lo), hi-1)
+		}
+		e, ok, err := l.getNext(ctx, subject, mid)
+		if err != nil {
+			return 0, err
+		}
+		switch {
+		case !ok || e.StreamSeq >= hi:
+			hi = mid // nothing in [mid, hi)
+		case e.Seq > after:
+			hi, cand, candSeq = e.StreamSeq, e.StreamSeq, e.Seq
+			if e.Seq == after+1 {
+				return cand, nil
+			}
+		default:
+			lo, loSeq = e.StreamSeq+1, e.Seq
+			if e.Seq == after {
+				// The next entry of subject is the one sought.
+				n, ok, err := l.getNext(ctx, subject, lo)
+				if err != nil {
+					return 0, err
+				}
+				if ok {
+					return n.StreamSeq, nil
+				}
+				return cand, nil
+			}
+		}
+	}
+	return cand, nil
+}
+
+// directRequest is the body of a direct get ($JS.API.DIRECT.GET.<stream>).
+type directRequest struct {
+	Seq      uint64 `json:"seq,omitempty"`
+	NextFor  string `json:"next_by_subj,omitempty"`
+	LastFor  string `json:"last_by_subj,omitempty"`
+	Batch    int    `json:"batch,omitempty"`
+	MaxBytes int    `json:"max_bytes,omitempty"`
+}
+
+func (l *Log) directSubject() string { return "$JS.API.DIRECT.GET." + l.stream }
+
+// getLast reads subject's newest entry.
+func (l *Log) getLast(ctx context.Context, subject string) (Entry, bool, error) {
+	return l.get(ctx, directRequest{LastFor: subject})
+}
+
+// getNext reads subject's first entry at or after stream sequence seq.
+func (l *Log) getNext(ctx context.Context, subject string, seq uint64) (Entry, bool, error) {
+	return l.get(ctx, directRequest{Seq: max(seq, 1), NextFor: subject})
+}
+
+func (l *Log) get(ctx context.Context, req directRequest) (Entry, bool, error) {
+	body, _ := json.Marshal(req)
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+	}
+	directGets.Add(1)
+	m, err := l.js.Conn().RequestWithContext(ctx, l.directSubject(), body)
+	if err != nil {
+		return Entry{}, false, err
+	}
+	return directEntry(m)
+}
+
+// directEntry decodes one direct-get reply; found is false for "not found"
+// (and for a batch's end-of-batch marker).
+func directEntry(m *nats.Msg) (Entry, bool, error) {
+	if st := m.Header.Get("Status"); st != "" {
+		switch st {
+		case "404", "204":
+			return Entry{}, false, nil
+		default:
+			return Entry{}, false, fmt.Errorf("direct get: %s %s", st, m.Header.Get("Description"))
+		}
+	}
+	seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+	if err != nil {
+		return Entry{}, false, fmt.Errorf("direct get: bad %s header", jetstream.SequenceHeader)
+	}
+	return Entry{Seq: parseSeq(m.Header), StreamSeq: seq, Data: m.Data, Header: m.Header}, true, nil
+}
+
+// batch reads up to n entries of subject from stream sequence from with one
+// direct-get request (at most readBatchBytes of them), calling fn for each
+// until it returns false. It returns how many entries arrived and the
+// stream sequence after the last one.
+func (l *Log) batch(ctx context.Context, subject string, from uint64, n int, fn func(Entry) bool) (got int, next uint64, err error) {
+	nc := l.js.Conn()
+	inbox := nc.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return 0, from, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	body, _ := json.Marshal(directRequest{Seq: max(from, 1), NextFor: subject, Batch: n, MaxBytes: readBatchBytes})
+	directGets.Add(1)
+	if err := nc.PublishRequest(l.directSubject(), inbox, body); err != nil {
+		return 0, from, err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+	}
+	next = from
+	more := true
+	for {
+		m, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			return got, next, err
+		}
+		e, found, err := directEntry(m)
+		if err != nil {
+			return got, next, err
+		}
+		if !found {
+			return got, next, nil // end of batch, or nothing at or after from
+		}
+		got++
+		next = e.StreamSeq + 1
+		if more {
+			more = fn(e)
+		}
+		if !more {
+			// The rest of the batch is still on its way to the inbox;
+			// unsubscribing drops it.
+			return got, next, nil
+		}
+	}
+}
+
+// Follow calls fn, in order and on one goroutine, for every entry of
+// subject appended after the subject's current tail, whose Runner-Seq it
+// returns. Only entries the stream stored reach fn (it reads the stream
+// through an ordered consumer, not the subject's core traffic): a publish
+// JetStream refused — a writer's stale expected-last-sequence, a duplicate —
+// is never seen. Call stop once to end it; it also ends with ctx.
+func (l *Log) Follow(ctx context.Context, subject string, fn func(Entry)) (tail uint64, stop func(), err error) {
+	last, ok, err := l.getLast(ctx, subject)
+	if err != nil {
+		return 0, nil, fmt.Errorf("follow %s: %w", subject, err)
+	}
+	start := uint64(1)
+	if ok {
+		tail, start = last.Seq, last.StreamSeq+1
+	}
+	c, err := l.js.OrderedConsumer(ctx, l.stream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{subject},
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    start,
+	})
+	if err != nil {
+		return 0, nil, fmt.Errorf("follow %s: %w", subject, err)
+	}
+	cc, err := c.Consume(func(m jetstream.Msg) {
+		md, err := m.Metadata()
+		if err != nil {
+			return
+		}
+		fn(Entry{Seq: parseSeq(m.Headers()), StreamSeq: md.Sequence.Stream, Data: m.Data(), Header: m.Headers()})
+	}, jetstream.PullMaxBytes(readBatchBytes))
+	if err != nil {
+		return 0, nil, fmt.Errorf("follow %s: %w", subject, err)
+	}
+	unhook := context.AfterFunc(ctx, cc.Stop)
+	return tail, func() { unhook(); cc.Stop() }, nil
 }

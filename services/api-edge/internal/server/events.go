@@ -16,9 +16,12 @@ import (
 // heartbeatEvery is the SSE comment heartbeat period (6.3).
 var heartbeatEvery = 20 * time.Second
 
-// sseFollowBuffer is how many live entries wait for one SSE client before
-// it is marked lagged and repaired from the log.
-var sseFollowBuffer = 1024
+// sseFollowBuffer and sseFollowBytes bound the live entries waiting for
+// one SSE client before it is marked lagged and repaired from the log.
+var (
+	sseFollowBuffer       = 1024
+	sseFollowBytes  int64 = 1 << 20
+)
 
 // parsePosition parses a base-10 integer prefix; ok is false when nothing
 // parses or the value is negative (6.1, 7.1).
@@ -66,20 +69,15 @@ func (s *Server) events(c *gin.Context) {
 		after, _ = parsePosition(c.Query("lastEventId"))
 	}
 	subject := bus.EventsSubject(id)
-	// Follow live entries first (buffered), then read the tail: every
-	// entry after it reaches the follower, every one up to it is replayed
-	// from the log — no gap, no duplicate (6.4, 19.36).
-	f, unfollow, err := s.hub.follow(subject, sseFollowBuffer)
+	// Follow live entries first (buffered): every entry after upTo reaches
+	// the follower, every one up to it is replayed from the log, starting
+	// at the client's position — no gap, no duplicate (6.4, 19.36).
+	f, upTo, unfollow, err := s.hub.follow(ctx, subject, sseFollowBuffer, sseFollowBytes)
 	if err != nil {
 		s.fail(c, err)
 		return
 	}
 	defer unfollow()
-	tail, err := s.store.Events.Tail(ctx, subject)
-	if err != nil {
-		s.fail(c, err)
-		return
-	}
 	terminal := rec.Status.Terminal()
 
 	w := c.Writer
@@ -92,7 +90,7 @@ func (s *Server) events(c *gin.Context) {
 	w.Flush()
 
 	st := &sseStream{w: w, last: after, first: true, buf: make([]byte, 0, 4096)}
-	if done, err := s.replay(ctx, st, subject, tail); done || err != nil {
+	if done, err := s.replay(ctx, st, subject, upTo); done || err != nil {
 		return
 	}
 	var grace <-chan time.Time
@@ -125,14 +123,18 @@ func (s *Server) events(c *gin.Context) {
 			}
 			w.Flush()
 		case e := <-f.ch:
+			f.take(e)
 			if e.Seq <= st.last {
 				continue
 			}
 			if e.Seq > st.last+1 {
-				// Entries were dropped for this slow client, or arrived out
-				// of order: fill the hole from the log.
+				// Entries were dropped for this slow client: fill the hole
+				// from the log (only the hole is read).
 				if done, err := s.replay(ctx, st, subject, e.Seq-1); done || err != nil {
 					return
+				}
+				if e.Seq <= st.last {
+					continue // the hole's read reached past it (evictions)
 				}
 			}
 			done, err := st.write(e, false)
@@ -145,11 +147,7 @@ func (s *Server) events(c *gin.Context) {
 		}
 		if f.lagged.Load() && len(f.ch) == 0 {
 			f.lagged.Store(false)
-			t, err := s.store.Events.Tail(ctx, subject)
-			if err != nil {
-				return
-			}
-			if done, err := s.replay(ctx, st, subject, t); done || err != nil {
+			if done, err := s.replay(ctx, st, subject, f.last()); done || err != nil {
 				return
 			}
 		}
@@ -190,48 +188,27 @@ func (st *sseStream) write(e bus.Entry, gap bool) (done bool, err error) {
 	return false, nil
 }
 
-// replay writes the log's entries after st.last up to and including upTo.
+// replay writes the log's entries after st.last up to and including upTo,
+// reading only that range.
 func (s *Server) replay(ctx context.Context, st *sseStream, subject string, upTo uint64) (done bool, err error) {
 	if upTo <= st.last {
 		return false, nil
 	}
-	r, err := s.store.Events.Read(ctx, subject, st.last)
+	err = s.store.Events.ReadRange(ctx, subject, st.last, upTo, func(e bus.Entry, gap bool) error {
+		if done, err = st.write(e, gap); done && err == nil {
+			return errStreamDone
+		}
+		return err
+	})
+	if errors.Is(err, errStreamDone) {
+		return true, nil
+	}
 	if err != nil {
 		return false, err
-	}
-	defer r.Close()
-	for st.last < upTo {
-		e, gap, _, err := r.Next()
-		if err != nil {
-			return false, err
-		}
-		if done, err := st.write(e, gap); done || err != nil {
-			return done, err
-		}
 	}
 	st.w.Flush()
 	return false, nil
 }
 
-type readResult struct {
-	e   bus.Entry
-	gap bool
-	err error
-}
-
-// pump copies a reader's entries into out until ctx ends or it fails; it
-// closes out.
-func pump(ctx context.Context, r *bus.Reader, out chan<- readResult) {
-	defer close(out)
-	for {
-		e, gap, _, err := r.Next()
-		select {
-		case out <- readResult{e: e, gap: gap, err: err}:
-		case <-ctx.Done():
-			return
-		}
-		if err != nil {
-			return
-		}
-	}
-}
+// errStreamDone ends a replay at a terminal status.
+var errStreamDone = errors.New("stream done")

@@ -35,6 +35,7 @@ type testEnv struct {
 	driver   jetstream.JetStream
 	driverNC *nats.Conn
 	cfg      config.Config
+	srv      *Server
 }
 
 // loadConfig builds a configuration the way main does, from variables.
@@ -76,7 +77,7 @@ func newEdge(t testing.TB, ns *testkit.Server, cfg config.Config, edgeID string)
 		hs.Close()
 		s.Wait()
 	})
-	return &testEnv{url: hs.URL, ns: ns, js: js, store: store, cfg: cfg, driver: driver, driverNC: driverNC}
+	return &testEnv{url: hs.URL, ns: ns, js: js, store: store, cfg: cfg, driver: driver, driverNC: driverNC, srv: s}
 }
 
 type response struct {

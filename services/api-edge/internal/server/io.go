@@ -25,11 +25,13 @@ import (
 
 // io tunables (section 7).
 var (
-	ioSendQueue     = 1024                  // frames buffered per socket before it is cut off
-	ioDrainPoll     = 50 * time.Millisecond // 7.8
-	ioDrainMax      = 2 * time.Second       // 7.8
-	ioResizeTrail   = 50 * time.Millisecond // 7.7
-	ioWriteDeadline = 10 * time.Second
+	ioSendQueue           = 16                    // frames queued for the socket's writer (each at most 64 KiB + 5)
+	ioFollowEntries       = 256                   // live entries waiting in a socket's follower...
+	ioFollowBytes   int64 = 1 << 20               // ...and their payload bytes, before it repairs from the log
+	ioDrainPoll           = 50 * time.Millisecond // 7.8
+	ioDrainMax            = 2 * time.Second       // 7.8
+	ioResizeTrail         = 50 * time.Millisecond // 7.7
+	ioWriteDeadline       = 10 * time.Second
 )
 
 var upgrader = websocket.Upgrader{
@@ -57,6 +59,10 @@ func (s *Server) io(c *gin.Context) {
 	defer conn.Close()
 	ctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
+	// Whatever ends the handler (a failed write, a failed read, shutdown)
+	// closes the socket, so the reader goroutine never waits on a client
+	// that sends nothing.
+	defer context.AfterFunc(ctx, func() { _ = conn.Close() })()
 
 	closeWith := func(code int, reason string) {
 		msg := websocket.FormatCloseMessage(code, reason)
@@ -117,13 +123,14 @@ func (s *Server) io(c *gin.Context) {
 	}
 	lastSeq, _ := parsePosition(c.Query("lastSeq"))
 	subject := bus.IOSubject(id, app.Name)
-	// 4–6. Subscribe (the reader replays, then follows live, gap-free).
-	reader, err := s.store.IO.Read(ctx, subject, lastSeq)
+	// 4–6. Follow the app's live entries (buffered), then replay from the
+	// log what lies between lastSeq and where the hub stands.
+	f, upTo, unfollow, err := s.hub.follow(ctx, subject, ioFollowEntries, ioFollowBytes)
 	if err != nil {
 		closeWith(websocket.CloseInternalServerErr, "bus unavailable")
 		return
 	}
-	defer reader.Close()
+	defer unfollow()
 	if rec.Status.Terminal() {
 		tail, err := s.store.IO.Tail(ctx, subject)
 		if err == nil && tail <= lastSeq {
@@ -132,30 +139,56 @@ func (s *Server) io(c *gin.Context) {
 		}
 	}
 
-	// One writer goroutine owns every write; the send queue is bounded.
+	// One writer goroutine owns every write. The send queue is bounded;
+	// the loop below waits on it (it is the only thing that reads the log
+	// or the follower for this socket), so a client that does not read
+	// holds at most ioSendQueue frames here and ioFollowBytes in its
+	// follower, and the rest is read from the log once it catches up.
 	out := make(chan outFrame, ioSendQueue)
 	writerDone := make(chan struct{})
-	var sent atomic.Int64 // frames queued but not yet written
+	sent := &queued{} // frames queued but not yet written
 	go func() {
 		defer close(writerDone)
-		s.writeLoop(ctx, conn, out, &sent, cancel)
+		s.writeLoop(ctx, conn, out, sent, cancel)
 	}()
 	defer func() { <-writerDone }()
 	defer cancel()
-	slow := false
-	send := func(f outFrame) bool {
-		sent.Add(1)
+	send := func(fr outFrame) bool {
+		sent.add(fr)
+		s.ioHeld.observe(sent.bytes.Load() + f.queued.Load())
 		select {
-		case out <- f:
+		case out <- fr:
 			return true
-		default:
-			sent.Add(-1)
-			slow = true
+		case <-ctx.Done():
+			sent.done(fr)
 			return false
 		}
 	}
 	seqFrame, _ := json.Marshal(map[string]any{"type": "seq", "seq": lastSeq, "app": app.Name, "io": app.IO})
 	send(outFrame{text: true, data: seqFrame})
+
+	delivered := lastSeq
+	// fill sends the log's entries after delivered up to upTo (7.2 step 9,
+	// and a slow client's lag repair: only the hole is read).
+	fill := func(upTo uint64) bool {
+		if upTo <= delivered {
+			return true
+		}
+		err := s.store.IO.ReadRange(ctx, subject, delivered, upTo, func(e bus.Entry, gap bool) error {
+			if gap && delivered == lastSeq && !send(outFrame{text: true, data: []byte(`{"type":"gap","reason":"buffer_evicted"}`)}) {
+				return ctx.Err()
+			}
+			if !send(outFrame{seq: e.Seq, data: e.Data}) {
+				return ctx.Err()
+			}
+			delivered = e.Seq
+			return nil
+		})
+		return err == nil
+	}
+	if !fill(upTo) {
+		return
+	}
 
 	// One reader goroutine: stdin and resize.
 	readerDone := make(chan struct{})
@@ -165,27 +198,18 @@ func (s *Server) io(c *gin.Context) {
 		s.readLoop(ctx, conn, id, app, send)
 	}()
 	defer func() { <-readerDone }()
+	defer cancel()
 	s.m.ioClients.Inc()
 	defer s.m.ioClients.Dec()
 	release := s.presence.Acquire(id)
 	defer release()
 
-	entries := make(chan readResult, 64)
-	pumpDone := make(chan struct{})
-	go func() {
-		defer close(pumpDone)
-		pump(ctx, reader, entries)
-	}()
-	defer func() { <-pumpDone }()
-	defer cancel()
-
 	var drainTail uint64
 	draining := false
-	var delivered = lastSeq
 	termCh := terminalCh
 	for {
 		if draining && delivered >= drainTail {
-			s.drainAndClose(ctx, &sent, conn)
+			s.drainAndClose(ctx, sent, conn)
 			return
 		}
 		select {
@@ -198,21 +222,44 @@ func (s *Server) io(c *gin.Context) {
 				return
 			}
 			draining, drainTail = true, tail
-		case r, ok := <-entries:
-			if !ok || r.err != nil {
+		case e := <-f.ch:
+			f.take(e)
+			if e.Seq <= delivered {
+				break
+			}
+			if e.Seq > delivered+1 && !fill(e.Seq-1) {
 				return
 			}
-			if r.gap && !send(outFrame{text: true, data: []byte(`{"type":"gap","reason":"buffer_evicted"}`)}) {
-				break
+			if e.Seq > delivered {
+				if !send(outFrame{seq: e.Seq, data: e.Data}) {
+					return
+				}
+				delivered = e.Seq
 			}
-			if !send(outFrame{seq: r.e.Seq, data: r.e.Data}) {
-				break
-			}
-			delivered = r.e.Seq
 		}
-		if slow {
-			// Cut off, not buffered forever: the client reconnects with lastSeq.
-			closeWith(websocket.CloseTryAgainLater, "client too slow")
+		if f.lagged.Load() && len(f.ch) == 0 {
+			f.lagged.Store(false)
+			if !fill(f.last()) {
+				return
+			}
+		}
+	}
+}
+
+// queued counts a socket's frames (and their payload bytes) that wait for
+// its writer.
+type queued struct{ frames, bytes atomic.Int64 }
+
+func (q *queued) add(f outFrame)  { q.frames.Add(1); q.bytes.Add(int64(len(f.data))) }
+func (q *queued) done(f outFrame) { q.frames.Add(-1); q.bytes.Add(-int64(len(f.data))) }
+
+// highWater keeps the largest value observed.
+type highWater struct{ v atomic.Int64 }
+
+func (h *highWater) observe(n int64) {
+	for {
+		cur := h.v.Load()
+		if n <= cur || h.v.CompareAndSwap(cur, n) {
 			return
 		}
 	}
@@ -220,11 +267,11 @@ func (s *Server) io(c *gin.Context) {
 
 // drainAndClose polls until every queued frame was written or the drain
 // window passed, then closes with 1000 (7.8).
-func (s *Server) drainAndClose(ctx context.Context, sent *atomic.Int64, conn *websocket.Conn) {
+func (s *Server) drainAndClose(ctx context.Context, sent *queued, conn *websocket.Conn) {
 	deadline := time.Now().Add(ioDrainMax)
 	t := time.NewTicker(ioDrainPoll)
 	defer t.Stop()
-	for sent.Load() > 0 && time.Now().Before(deadline) {
+	for sent.frames.Load() > 0 && time.Now().Before(deadline) {
 		select {
 		case <-ctx.Done():
 			return
@@ -235,7 +282,7 @@ func (s *Server) drainAndClose(ctx context.Context, sent *atomic.Int64, conn *we
 }
 
 // writeLoop owns the connection's writes.
-func (s *Server) writeLoop(ctx context.Context, conn *websocket.Conn, out <-chan outFrame, sent *atomic.Int64, cancel context.CancelFunc) {
+func (s *Server) writeLoop(ctx context.Context, conn *websocket.Conn, out <-chan outFrame, sent *queued, cancel context.CancelFunc) {
 	var hdr [4]byte
 	for {
 		select {
@@ -262,7 +309,7 @@ func (s *Server) writeLoop(ctx context.Context, conn *websocket.Conn, out <-chan
 					}
 				}
 			}
-			sent.Add(-1)
+			sent.done(f)
 			if err != nil {
 				cancel()
 				return

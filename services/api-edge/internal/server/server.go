@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/session"
 	"github.com/telorunner/telorunner/services/api-edge/internal/config"
@@ -44,6 +45,9 @@ type Server struct {
 	m        metrics
 	presence presence
 	hub      *hub
+	// ioHeld is the most payload any one io socket held at once (its send
+	// queue and its hub follower): the slow-client bound, for tests.
+	ioHeld highWater
 
 	// ctx ends the long-lived streams on shutdown; wg waits for them.
 	ctx context.Context
@@ -55,7 +59,12 @@ func New(ctx context.Context, o Options) *Server {
 	gin.SetMode(gin.ReleaseMode)
 	s := &Server{cfg: o.Config, nc: o.NC, store: o.Store, log: o.Logger, edgeID: o.EdgeID, ctx: ctx}
 	s.m = newMetrics(o.Registry)
-	s.hub = newHub(o.NC)
+	s.hub = newHub(ctx, func(subject string) *bus.Log {
+		if strings.HasPrefix(subject, bus.SubjectIOPrefix) {
+			return s.store.IO
+		}
+		return s.store.Events
+	})
 	e := gin.New()
 	e.Use(gin.Recovery(), s.cors())
 	e.HandleMethodNotAllowed = false
