@@ -26,13 +26,18 @@ const readBatchBytes = 1 << 20
 // readBatchEntries bounds the entries of one batch of a range read.
 const readBatchEntries = 256
 
-// directGets counts direct-get round trips (probes and batches), for the
-// benchmarks' cost figures.
-var directGets atomic.Uint64
+// directGets counts direct-get round trips (probes and batches) and
+// rangeEntries the entries range reads fetched, for the benchmarks' cost
+// figures.
+var directGets, rangeEntries atomic.Uint64
 
 // DirectGets returns how many direct-get round trips this process has made
 // to locate and read log entries.
 func DirectGets() uint64 { return directGets.Load() }
+
+// RangeEntries returns how many entries this process's range reads
+// (ReadRange) fetched from the stream.
+func RangeEntries() uint64 { return rangeEntries.Load() }
 
 // Reader replays a subject's retained entries after a position and then
 // follows new ones live. It is not safe for concurrent use.
@@ -318,6 +323,7 @@ func (l *Log) batch(ctx context.Context, subject string, from uint64, n int, fn 
 			return got, next, nil // end of batch, or nothing at or after from
 		}
 		got++
+		rangeEntries.Add(1)
 		next = e.StreamSeq + 1
 		if more {
 			more = fn(e)

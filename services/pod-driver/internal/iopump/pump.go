@@ -30,18 +30,15 @@ type Pump struct {
 
 	mu      sync.Mutex
 	cond    *sync.Cond
-	pending []byte // tag-prefixed segments, see seg
-	segs    []seg
-	spare   []byte
+	entries [][]byte // waiting entries, each [tag][payload ≤ MaxChunk]
+	bytes   int      // payload bytes in entries
+	free    [][]byte // entry buffers to reuse
 	closed  bool
 	done    chan struct{}
 }
 
-type seg struct {
-	tag  byte
-	n    int // payload bytes in pending
-	from int
-}
+// maxFree bounds the entry buffers kept for reuse (each 64 KiB + 1).
+const maxFree = 16
 
 // New starts a pump appending to subject. limit bounds the bytes waiting
 // for the bus (default 4 MiB); a writer beyond it waits.
@@ -55,27 +52,45 @@ func New(log *bus.Log, subject string, limit int, logger *slog.Logger) *Pump {
 	return p
 }
 
-// Write queues p with its stream tag. It copies p and returns once queued;
-// it blocks only while more than the limit is waiting for the bus.
+// Write queues b with its stream tag. It copies b straight into the entry
+// that will be published (the tag byte, then up to 64 KiB of payload), so
+// nothing is copied again between here and the bus, and returns once
+// queued; it blocks only while more than the limit is waiting for the bus.
 func (p *Pump) Write(tag byte, b []byte) {
 	if len(b) == 0 {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for len(p.pending) > p.limit && !p.closed {
+	for p.bytes > p.limit && !p.closed {
 		p.cond.Wait()
 	}
 	if p.closed {
 		return
 	}
-	if n := len(p.segs); n > 0 && p.segs[n-1].tag == tag {
-		p.segs[n-1].n += len(b)
-	} else {
-		p.segs = append(p.segs, seg{tag: tag, n: len(b), from: len(p.pending)})
+	for len(b) > 0 {
+		n := len(p.entries)
+		if n == 0 || p.entries[n-1][0] != tag || len(p.entries[n-1]) == 1+MaxChunk {
+			p.entries = append(p.entries, append(p.buffer(), tag))
+			n++
+		}
+		e := p.entries[n-1]
+		k := min(len(b), 1+MaxChunk-len(e))
+		p.entries[n-1] = append(e, b[:k]...)
+		p.bytes += k
+		b = b[k:]
 	}
-	p.pending = append(p.pending, b...)
 	p.cond.Broadcast()
+}
+
+// buffer returns an empty entry buffer of capacity 1+MaxChunk (mu held).
+func (p *Pump) buffer() []byte {
+	if n := len(p.free); n > 0 {
+		b := p.free[n-1]
+		p.free = p.free[:n-1]
+		return b[:0]
+	}
+	return make([]byte, 0, 1+MaxChunk)
 }
 
 // Close flushes everything queued, then stops the pump.
@@ -89,37 +104,32 @@ func (p *Pump) Close() {
 
 func (p *Pump) run() {
 	defer close(p.done)
-	chunk := make([]byte, 0, MaxChunk+1)
-	var segs []seg
+	var batch [][]byte
 	for {
 		p.mu.Lock()
-		for len(p.pending) == 0 && !p.closed {
+		for len(p.entries) == 0 && !p.closed {
 			p.cond.Wait()
 		}
-		if len(p.pending) == 0 && p.closed {
+		if len(p.entries) == 0 && p.closed {
 			p.mu.Unlock()
 			return
 		}
-		// Swap buffers: writers continue into the spare while we append.
-		data := p.pending
-		segs = append(segs[:0], p.segs...)
-		p.pending, p.spare = p.spare[:0], nil
-		p.segs = p.segs[:0]
+		// Take every waiting entry: writers start new ones meanwhile.
+		batch, p.entries = p.entries, batch[:0]
+		p.bytes = 0
 		p.cond.Broadcast()
 		p.mu.Unlock()
 
-		for _, s := range segs {
-			payload := data[s.from : s.from+s.n]
-			for len(payload) > 0 {
-				n := min(len(payload), MaxChunk)
-				chunk = append(chunk[:0], s.tag)
-				chunk = append(chunk, payload[:n]...)
-				p.append(chunk)
-				payload = payload[n:]
-			}
+		for _, e := range batch {
+			p.append(e)
 		}
 		p.mu.Lock()
-		p.spare = data[:0]
+		for i, e := range batch {
+			if len(p.free) < maxFree {
+				p.free = append(p.free, e)
+			}
+			batch[i] = nil
+		}
 		p.mu.Unlock()
 	}
 }

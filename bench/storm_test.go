@@ -1,0 +1,196 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/pkg/session"
+	"github.com/telorunner/telorunner/pkg/testkit"
+	"github.com/telorunner/telorunner/services/telorunner/allinone"
+)
+
+// BenchmarkReconnectStorm: 1,000 SSE clients reconnect at once to one
+// session with Last-Event-ID = tail - missed and read up to the tail, over
+// a retained window of `window` events. Reported per reconnect: p50/p99
+// latency, the edge's direct-get round trips and the entries it read from
+// the stream. A reconnect costs O(missed): the figures do not grow with the
+// window. baseline-* is the previous reader in the same run (an ordered
+// consumer from the window's start, skipping to lastEventId), on 50
+// clients.
+func BenchmarkReconnectStorm(b *testing.B) {
+	const clients, baselineClients = 1000, 50
+	r := startRunner(b, map[string]string{"RUNNER_WATCH_SESSIONS": "true"})
+	id := r.create(b, runSession("kind: Telo.Application\nmetadata:\n  name: quiet\n", true))
+	kp, err := bus.LoadSeed(bus.SeedFile(allinone.CredentialsDir(r.dataDir), bus.RoleDriver))
+	if err != nil {
+		b.Fatal(err)
+	}
+	auth, err := bus.ClientOptions(bus.RoleDriver, kp, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	nc, err := nats.Connect(r.natsURL, auth...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	store, err := session.Open(context.Background(), js, 5_000_000)
+	if err != nil {
+		b.Fatal(err)
+	}
+	subject := bus.EventsSubject(id)
+	ctx := context.Background()
+	settled := func() bool {
+		rec, _, err := store.Get(ctx, id)
+		return err == nil && rec.Status.Kind == contract.StatusRunning
+	}
+	if !testkit.Poll(ctx, 30*time.Second, settled) {
+		b.Fatal("session did not reach running")
+	}
+	tr := &http.Transport{MaxIdleConnsPerHost: clients, MaxConnsPerHost: 0}
+	client := &http.Client{Transport: tr}
+	defer tr.CloseIdleConnections()
+	for _, window := range []int{1000, 20000} {
+		for {
+			tail, err := store.Events.Tail(ctx, subject)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if tail >= uint64(window) {
+				break
+			}
+			if _, err := store.Emit(ctx, id, contract.Event{Type: contract.EventProgress, Phase: "boot", Message: fmt.Sprintf("filler-%d", tail)}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		tail, err := store.Events.Tail(ctx, subject)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, missed := range []uint64{1, 10, 100} {
+			b.Run(fmt.Sprintf("window=%d/missed=%d", window, missed), func(b *testing.B) {
+				var lat []time.Duration
+				gets0, ents0 := bus.DirectGets(), bus.RangeEntries()
+				b.ResetTimer()
+				for range b.N {
+					lat = append(lat, storm(b, client, r.url+"/v1/sessions/"+id+"/events", tail-missed, tail, clients)...)
+				}
+				b.StopTimer()
+				n := float64(b.N * clients)
+				sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+				b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+				b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+				b.ReportMetric(float64(bus.DirectGets()-gets0)/n, "gets/reconnect")
+				b.ReportMetric(float64(bus.RangeEntries()-ents0)/n, "entries/reconnect")
+				b.ReportMetric(float64(len(lat)), "samples")
+				// The previous reader: from the window's start, skipping.
+				var base []time.Duration
+				var read uint64
+				var mu sync.Mutex
+				var wg sync.WaitGroup
+				for range baselineClients {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						t0 := time.Now()
+						n := fromWindowStart(b, js, subject, tail)
+						mu.Lock()
+						base = append(base, time.Since(t0))
+						read += n
+						mu.Unlock()
+					}()
+				}
+				wg.Wait()
+				sort.Slice(base, func(i, j int) bool { return base[i] < base[j] })
+				b.ReportMetric(float64(base[len(base)/2].Microseconds())/1000, "baseline-p50-ms")
+				b.ReportMetric(float64(read)/baselineClients, "baseline-entries/reconnect")
+			})
+		}
+	}
+}
+
+// storm connects clients SSE streams at once from lastEventId = after and
+// returns each one's time to read the event with id tail.
+func storm(b *testing.B, client *http.Client, url string, after, tail uint64, clients int) []time.Duration {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	want := fmt.Sprintf("id: %d", tail)
+	lat := make([]time.Duration, clients)
+	errs := make(chan error, clients)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			t0 := time.Now()
+			req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+			req.Header.Set("Last-Event-ID", fmt.Sprint(after))
+			resp, err := client.Do(req)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer resp.Body.Close()
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() {
+				if strings.HasPrefix(sc.Text(), want) {
+					lat[i] = time.Since(t0)
+					return
+				}
+			}
+			errs <- fmt.Errorf("stream ended before id %d: %v", tail, sc.Err())
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+	return lat
+}
+
+// fromWindowStart is the previous reader's cost: an ordered consumer over
+// the whole retained window, read up to tail. It returns the entries read.
+func fromWindowStart(b *testing.B, js jetstream.JetStream, subject string, tail uint64) uint64 {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := js.OrderedConsumer(ctx, bus.StreamEvents, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}, DeliverPolicy: jetstream.DeliverAllPolicy})
+	if err != nil {
+		b.Error(err)
+		return 0
+	}
+	it, err := c.Messages(jetstream.PullMaxMessages(256))
+	if err != nil {
+		b.Error(err)
+		return 0
+	}
+	defer it.Stop()
+	var n uint64
+	for {
+		m, err := it.Next()
+		if err != nil {
+			b.Error(err)
+			return n
+		}
+		n++
+		if m.Headers().Get(bus.HeaderSeq) == fmt.Sprint(tail) {
+			return n
+		}
+	}
+}
