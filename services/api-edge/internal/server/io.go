@@ -77,15 +77,22 @@ func (s *Server) io(c *gin.Context) {
 	}
 	// 2. Session. Status changes are followed from here on (core
 	// subscription to the event subject before the read, so a terminal
-	// status between the two is not missed).
+	// status between the two is not missed). Core traffic includes
+	// publishes JetStream refused, so a terminal hint is confirmed with the
+	// record (terminal before its event is appended) before draining.
 	id := c.Param("id")
-	terminalCh := make(chan struct{})
-	var terminalOnce sync.Once
+	terminalCh := make(chan struct{}, 1)
+	hint := func() {
+		select {
+		case terminalCh <- struct{}{}:
+		default:
+		}
+	}
 	var statusSub *nats.Subscription
 	if contract.ValidSessionID(id) {
 		statusSub, err = s.nc.Subscribe(bus.EventsSubject(id), func(m *nats.Msg) {
 			if m.Header.Get(bus.HeaderTerminal) != "" {
-				terminalOnce.Do(func() { close(terminalCh) })
+				hint()
 			}
 		})
 		if err != nil {
@@ -104,7 +111,7 @@ func (s *Server) io(c *gin.Context) {
 		return
 	}
 	if rec.Status.Terminal() {
-		terminalOnce.Do(func() { close(terminalCh) })
+		hint()
 	}
 	// 3. App selection.
 	var app *session.App
@@ -216,6 +223,13 @@ func (s *Server) io(c *gin.Context) {
 		case <-ctx.Done():
 			return
 		case <-termCh:
+			now, _, err := s.store.Get(ctx, id)
+			if err != nil {
+				return // abnormal close: the client reconnects with lastSeq
+			}
+			if !now.Status.Terminal() {
+				break // a refused publish, not the session's end
+			}
 			termCh = nil
 			tail, err := s.store.IO.Tail(ctx, subject)
 			if err != nil {

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/telorunner/telorunner/pkg/bus"
 )
@@ -142,5 +144,33 @@ func TestIOStreamsResizeWhileSlow(t *testing.T) {
 			t.Fatalf("text frame %s", data)
 		}
 		errs++
+	}
+}
+
+// A terminal status event that JetStream refused (a stale writer's publish,
+// seen on the subject's core traffic) does not end a live session's io
+// socket: the record says the session is not terminal.
+func TestIOIgnoresRefusedTerminalPublish(t *testing.T) {
+	e := newEnv(t, nil)
+	id, log, subject := ioSession(t, e, "tty")
+	c := dialIO(t, e, id, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h := nats.Header{}
+	h.Set(bus.HeaderSeq, "999")
+	h.Set(bus.HeaderType, "status")
+	h.Set(bus.HeaderTerminal, "stopped")
+	stale := &nats.Msg{Subject: bus.EventsSubject(id), Data: []byte(`{"type":"status","status":{"status":"stopped"}}`), Header: h}
+	if _, err := e.driver.PublishMsg(ctx, stale, jetstream.WithExpectLastSequencePerSubject(1<<40)); err == nil {
+		t.Fatal("the stale publish was stored")
+	}
+	time.Sleep(200 * time.Millisecond) //nolint:forbidigo // give a wrong drain time to close the socket
+	if _, err := log.Append(ctx, subject, []byte("\x00after"), nil); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	kind, data, err := c.ReadMessage()
+	if err != nil || kind != websocket.BinaryMessage || string(data[5:]) != "after" {
+		t.Fatalf("read = %d %q %v, want the frame appended after the refused terminal publish", kind, data, err)
 	}
 }
