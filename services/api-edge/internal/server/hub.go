@@ -17,10 +17,12 @@ import (
 // A client registers, gets the Runner-Seq up to which the hub has already
 // passed entries on (upTo), reads (its position, upTo] from the log, and
 // then takes every later entry from its follower. A follower's queue is
-// bounded in entries and bytes; when it is full the entry is dropped and
-// the follower marked lagged, and the client refills the hole from the log
-// (ReadRange reads only the hole), so a slow client is slowed and costs at
-// most its bound, never given a hole.
+// bounded in entries and bytes. The hub reads no faster than the fastest
+// client (while every follower is full it waits); a follower that is full
+// while another has room gets the entry dropped and is marked lagged, and
+// the client refills the hole from the log (ReadRange reads only the
+// hole), so a slow client is slowed and costs at most its bound, never
+// given a hole, and never holds back the others.
 type hub struct {
 	ctx context.Context
 	log func(subject string) *bus.Log
@@ -35,6 +37,10 @@ type topic struct {
 	stop    func()
 	last    atomic.Uint64 // Runner-Seq of the newest entry passed on
 	clients map[*follower]struct{}
+	stopped bool       // under hub.mu
+	room    *sync.Cond // on hub.mu: a follower took an entry, left, or the topic stopped
+	waiting atomic.Bool
+	h       *hub
 }
 
 // follower is one client's live feed.
@@ -46,8 +52,21 @@ type follower struct {
 	t        *topic
 }
 
-// take accounts for an entry the client received from ch.
-func (f *follower) take(e bus.Entry) { f.queued.Add(-int64(len(e.Data))) }
+// take accounts for an entry the client received from ch, and wakes the
+// hub when it waits for room.
+func (f *follower) take(e bus.Entry) {
+	f.queued.Add(-int64(len(e.Data)))
+	if f.t.waiting.Load() {
+		f.t.h.mu.Lock()
+		f.t.room.Broadcast()
+		f.t.h.mu.Unlock()
+	}
+}
+
+// full reports whether an entry of size bytes would not fit.
+func (f *follower) full(size int64) bool {
+	return len(f.ch) == cap(f.ch) || (f.queued.Load()+size > f.maxBytes && len(f.ch) > 0)
+}
 
 // last is the Runner-Seq of the newest entry the hub passed on (delivered
 // or dropped) for this follower's subject.
@@ -64,7 +83,8 @@ func (h *hub) follow(ctx context.Context, subject string, entries int, maxBytes 
 	h.mu.Lock()
 	t, ok := h.topics[subject]
 	if !ok {
-		t = &topic{ready: make(chan struct{}), clients: map[*follower]struct{}{}}
+		t = &topic{ready: make(chan struct{}), clients: map[*follower]struct{}{}, h: h}
+		t.room = sync.NewCond(&h.mu)
 		h.topics[subject] = t
 		// Start outside the lock (round trips); later clients wait.
 		h.mu.Unlock()
@@ -99,6 +119,7 @@ func (h *hub) follow(ctx context.Context, subject string, entries int, maxBytes 
 	}
 	t.clients[f] = struct{}{}
 	upTo = t.last.Load()
+	t.room.Broadcast() // a waiting delivery has an empty follower now
 	h.mu.Unlock()
 	stop = func() {
 		h.mu.Lock()
@@ -106,7 +127,9 @@ func (h *hub) follow(ctx context.Context, subject string, entries int, maxBytes 
 		last := len(t.clients) == 0 && h.topics[subject] == t
 		if last {
 			delete(h.topics, subject)
+			t.stopped = true
 		}
+		t.room.Broadcast()
 		h.mu.Unlock()
 		if last {
 			t.stop()
@@ -115,22 +138,39 @@ func (h *hub) follow(ctx context.Context, subject string, entries int, maxBytes 
 	return f, upTo, stop, nil
 }
 
-// deliver runs on the topic's follower goroutine; it never blocks.
+// deliver runs on the topic's follower goroutine. It reads no faster than
+// the fastest client: while every follower is full it waits for room (the
+// stream keeps the entries; the consumer's pull buffer is bounded), so a
+// lone slow client is slowed without dropping and re-reading. Otherwise a
+// full follower's entry is dropped and it is marked lagged.
 func (h *hub) deliver(t *topic, e bus.Entry) {
 	size := int64(len(e.Data))
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	for {
+		t.waiting.Store(true)
+		if t.stopped || len(t.clients) == 0 || !allFull(t, size) {
+			break
+		}
+		t.room.Wait()
+	}
+	t.waiting.Store(false)
 	t.last.Store(e.Seq)
 	for f := range t.clients {
-		if f.queued.Load()+size > f.maxBytes && len(f.ch) > 0 {
+		if f.full(size) {
 			f.lagged.Store(true)
 			continue
 		}
-		select {
-		case f.ch <- e:
-			f.queued.Add(size)
-		default:
-			f.lagged.Store(true)
+		f.queued.Add(size)
+		f.ch <- e // room checked above; only deliver sends
+	}
+}
+
+func allFull(t *topic, size int64) bool {
+	for f := range t.clients {
+		if !f.full(size) {
+			return false
 		}
 	}
+	return true
 }

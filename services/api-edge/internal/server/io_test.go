@@ -103,6 +103,9 @@ func TestIOSlowClientBoundedAndComplete(t *testing.T) {
 // by the loop without synchronisation (a data race under -race); the reply
 // frames now wait for room like output does, and everything arrives.
 func TestIOStreamsResizeWhileSlow(t *testing.T) {
+	old := ioWriteDeadline
+	ioWriteDeadline = 2 * time.Minute // the client reads nothing for a while
+	defer func() { ioWriteDeadline = old }()
 	e := newEnv(t, nil)
 	id, log, subject := ioSession(t, e, "streams")
 	c := dialIO(t, e, id, 0)
