@@ -55,7 +55,11 @@ type Reader struct {
 func (l *Log) Read(ctx context.Context, subject string, after uint64) (*Reader, error) {
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}, DeliverPolicy: jetstream.DeliverAllPolicy}
 	if after > 0 {
-		start, err := l.locate(ctx, subject, after)
+		var start uint64
+		err := Retry(ctx, tailPatience, func(ctx context.Context) (err error) {
+			start, err = l.locate(ctx, subject, after)
+			return err
+		})
 		if err != nil {
 			return nil, fmt.Errorf("read %s: %w", subject, err)
 		}
@@ -116,7 +120,14 @@ func (l *Log) ReadRange(ctx context.Context, subject string, after, upTo uint64,
 	if upTo <= after {
 		return nil
 	}
-	pos, err := l.locate(ctx, subject, after)
+	// A bus that does not answer for a moment (a stream electing its
+	// leader) is waited for, as Tail does; direct gets are answered by any
+	// replica.
+	var pos uint64
+	err := Retry(ctx, tailPatience, func(ctx context.Context) (err error) {
+		pos, err = l.locate(ctx, subject, after)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("read %s: %w", subject, err)
 	}
@@ -125,7 +136,9 @@ func (l *Log) ReadRange(ctx context.Context, subject string, after, upTo uint64,
 	for last < upTo {
 		n := int(min(upTo-last, readBatchEntries))
 		var ferr error
-		got, next, err := l.batch(ctx, subject, pos, n, func(e Entry) bool {
+		var got int
+		var next uint64
+		fetch := func(e Entry) bool {
 			if e.Seq <= last {
 				return true
 			}
@@ -140,6 +153,12 @@ func (l *Log) ReadRange(ctx context.Context, subject string, after, upTo uint64,
 				return false
 			}
 			return true
+		}
+		// A retried batch starts again at pos: entries already passed on
+		// are skipped (Seq <= last).
+		err := Retry(ctx, tailPatience, func(context.Context) (err error) {
+			got, next, err = l.batch(ctx, subject, pos, n, fetch)
+			return err
 		})
 		if ferr != nil {
 			return ferr
@@ -303,15 +322,15 @@ func (l *Log) batch(ctx context.Context, subject string, from uint64, n int, fn 
 	if err := nc.PublishRequest(l.directSubject(), inbox, body); err != nil {
 		return 0, from, err
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-	}
 	next = from
 	more := true
 	for {
-		m, err := sub.NextMsgWithContext(ctx)
+		// Each reply is waited for on its own (fn may take its time with
+		// the previous one: a slow client), up to attemptTimeout.
+		if err := ctx.Err(); err != nil {
+			return got, next, err
+		}
+		m, err := sub.NextMsg(attemptTimeout)
 		if err != nil {
 			return got, next, err
 		}
@@ -343,7 +362,12 @@ func (l *Log) batch(ctx context.Context, subject string, from uint64, n int, fn 
 // JetStream refused — a writer's stale expected-last-sequence, a duplicate —
 // is never seen. Call stop once to end it; it also ends with ctx.
 func (l *Log) Follow(ctx context.Context, subject string, fn func(Entry)) (tail uint64, stop func(), err error) {
-	last, ok, err := l.getLast(ctx, subject)
+	var last Entry
+	var ok bool
+	err = Retry(ctx, tailPatience, func(ctx context.Context) (err error) {
+		last, ok, err = l.getLast(ctx, subject)
+		return err
+	})
 	if err != nil {
 		return 0, nil, fmt.Errorf("follow %s: %w", subject, err)
 	}
@@ -351,21 +375,27 @@ func (l *Log) Follow(ctx context.Context, subject string, fn func(Entry)) (tail 
 	if ok {
 		tail, start = last.Seq, last.StreamSeq+1
 	}
-	c, err := l.js.OrderedConsumer(ctx, l.stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{subject},
-		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:    start,
-	})
-	if err != nil {
-		return 0, nil, fmt.Errorf("follow %s: %w", subject, err)
-	}
-	cc, err := c.Consume(func(m jetstream.Msg) {
-		md, err := m.Metadata()
+	// The consumer is created by the stream's leader: wait for one while a
+	// cluster elects it.
+	var cc jetstream.ConsumeContext
+	err = Retry(ctx, tailPatience, func(context.Context) error {
+		c, err := l.js.OrderedConsumer(ctx, l.stream, jetstream.OrderedConsumerConfig{
+			FilterSubjects: []string{subject},
+			DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+			OptStartSeq:    start,
+		})
 		if err != nil {
-			return
+			return err
 		}
-		fn(Entry{Seq: parseSeq(m.Headers()), StreamSeq: md.Sequence.Stream, Data: m.Data(), Header: m.Headers()})
-	}, jetstream.PullMaxBytes(readBatchBytes))
+		cc, err = c.Consume(func(m jetstream.Msg) {
+			md, err := m.Metadata()
+			if err != nil {
+				return
+			}
+			fn(Entry{Seq: parseSeq(m.Headers()), StreamSeq: md.Sequence.Stream, Data: m.Data(), Header: m.Headers()})
+		}, jetstream.PullMaxBytes(readBatchBytes))
+		return err
+	})
 	if err != nil {
 		return 0, nil, fmt.Errorf("follow %s: %w", subject, err)
 	}
