@@ -26,6 +26,9 @@ const readBatchBytes = 1 << 20
 // readBatchEntries bounds the entries of one batch of a range read.
 const readBatchEntries = 256
 
+// batchReplyTimeout bounds the wait for each reply of a batch.
+const batchReplyTimeout = 10 * time.Second
+
 // directGets counts direct-get round trips (probes and batches) and
 // rangeEntries the entries range reads fetched, for the benchmarks' cost
 // figures.
@@ -326,11 +329,12 @@ func (l *Log) batch(ctx context.Context, subject string, from uint64, n int, fn 
 	more := true
 	for {
 		// Each reply is waited for on its own (fn may take its time with
-		// the previous one: a slow client), up to attemptTimeout.
+		// the previous one: a slow client), up to batchReplyTimeout: a
+		// loaded server that is slow to answer is not asked again.
 		if err := ctx.Err(); err != nil {
 			return got, next, err
 		}
-		m, err := sub.NextMsg(attemptTimeout)
+		m, err := sub.NextMsg(batchReplyTimeout)
 		if err != nil {
 			return got, next, err
 		}
