@@ -224,14 +224,16 @@ func do(t *testing.T, method, url string, body any, hdr map[string]string) respo
 	return response{Status: resp.StatusCode, Header: resp.Header, Body: data}
 }
 
-// manifest renders a devkernel manifest.
+// manifest renders a devkernel manifest the way Telo writes one: each port
+// a name-keyed entry whose variable (portEnv) is unset in these sessions, so
+// the kernel resolves it to its default.
 func manifest(name string, ports []int, x map[string]any) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "kind: Telo.Application\nmetadata:\n  name: %s\n", name)
+	fmt.Fprintf(&b, "kind: Telo.Application\nmetadata:\n  name: %s\n  version: 1.0.0\n", name)
 	if len(ports) > 0 {
 		b.WriteString("ports:\n")
-		for _, p := range ports {
-			fmt.Fprintf(&b, "  - name: http\n    port: %d\n    protocol: tcp\n", p)
+		for i, p := range ports {
+			fmt.Fprintf(&b, "  %s: {env: %s, default: %d, protocol: tcp}\n", portName(i), portEnv(name, i), p)
 		}
 	}
 	if len(x) > 0 {
@@ -241,6 +243,30 @@ func manifest(name string, ports []int, x map[string]any) string {
 		}
 	}
 	return b.String()
+}
+
+// portName is the manifest name of an app's i-th port: http, http2, ...
+func portName(i int) string {
+	if i == 0 {
+		return "http"
+	}
+	return fmt.Sprintf("http%d", i+1)
+}
+
+// portEnv is the variable that supplies app name's i-th port:
+// PORT_<NAME>_<PORTNAME>, upper case, with every other character an
+// underscore.
+func portEnv(name string, i int) string {
+	up := strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z':
+			return r - 'a' + 'A'
+		case r >= 'A' && r <= 'Z', r >= '0' && r <= '9':
+			return r
+		}
+		return '_'
+	}, name+"_"+portName(i))
+	return "PORT_" + up
 }
 
 func runBody(man string, ports []int, inspect bool) map[string]any {

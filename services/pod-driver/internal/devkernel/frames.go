@@ -44,7 +44,7 @@ type portsPayload struct {
 }
 
 type portJSON struct {
-	Name     string `json:"name,omitempty"`
+	Name     string `json:"name"`
 	Port     int    `json:"port"`
 	Protocol string `json:"protocol"`
 }

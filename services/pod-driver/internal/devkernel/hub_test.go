@@ -117,7 +117,7 @@ func TestHubDropsSlowClient(t *testing.T) {
 
 func TestInspectVersionAndNotFound(t *testing.T) {
 	hub := NewHub(nil)
-	hub.SetPorts([]Port{{"http", 3000, "tcp"}, {"", 53, "udp"}})
+	hub.SetPorts([]Port{{Name: "http", Port: 3000, Protocol: "tcp"}, {Name: "dns", Port: 53, Protocol: "udp"}})
 	srv := startInspect(t, hub, 0)
 
 	code, body := httpGet(t, srv.URL+"/json/version")

@@ -171,7 +171,7 @@ func (k *kernel) run(ctx context.Context, stdin io.Reader) int {
 
 // generation runs one load → start → stop cycle and reports how it ended.
 func (k *kernel) generation(ctx context.Context, gen int) genEnd {
-	m, err := LoadManifest(k.entry)
+	m, err := LoadManifest(k.entry, os.LookupEnv)
 	if err != nil {
 		k.fail(PhaseLoad, CodeManifestInvalid, err.Error())
 		return genEnd{kind: endLoadFailed, code: 1}

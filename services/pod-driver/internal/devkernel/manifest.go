@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -24,12 +25,24 @@ type Manifest struct {
 	Dev   DevOptions
 }
 
-// Port is one entry of the application's declared `ports:` list.
+// Port is one entry of the application's `ports:` block, a name-keyed map
+// as Telo writes it:
+//
+//	ports:
+//	  http: {env: PORT_HTTP, default: 3000, protocol: tcp}
+//
+// Port is the value resolved at load: the variable named by Env when it is
+// set and non-empty, else Default.
 type Port struct {
-	Name     string // optional
+	Name     string
+	Env      string
+	Default  int // 0: none
 	Port     int
 	Protocol string // "tcp" or "udp"
 }
+
+// LookupEnv reads one environment variable; os.LookupEnv is the kernel's.
+type LookupEnv func(key string) (string, bool)
 
 // DevOptions is the manifest's `x-devkernel:` block: knobs for tests.
 type DevOptions struct {
@@ -71,9 +84,9 @@ func EntryFile(path string) string {
 	return path
 }
 
-// LoadManifest reads and validates the entry file. Every failure is a
-// *LoadError.
-func LoadManifest(file string) (*Manifest, error) {
+// LoadManifest reads and validates the entry file and resolves its ports
+// from env. Every failure is a *LoadError.
+func LoadManifest(file string, env LookupEnv) (*Manifest, error) {
 	if strings.HasPrefix(file, "http://") || strings.HasPrefix(file, "https://") {
 		return nil, &LoadError{Path: file, Err: errors.New("remote manifests are not supported")}
 	}
@@ -81,7 +94,7 @@ func LoadManifest(file string) (*Manifest, error) {
 	if err != nil {
 		return nil, &LoadError{Path: file, Err: err}
 	}
-	m, err := ParseManifest(data)
+	m, err := ParseManifest(data, env)
 	if err != nil {
 		return nil, &LoadError{Path: file, Err: err}
 	}
@@ -89,9 +102,10 @@ func LoadManifest(file string) (*Manifest, error) {
 }
 
 // ParseManifest picks the first `kind: Telo.Application` document of a YAML
-// stream and validates the parts devkernel reads. (The YAML library stops at
-// an empty document, so documents after one are not seen.)
-func ParseManifest(data []byte) (*Manifest, error) {
+// stream, validates the parts devkernel reads and resolves the ports from
+// env. (The YAML library stops at an empty document, so documents after one
+// are not seen.)
+func ParseManifest(data []byte, env LookupEnv) (*Manifest, error) {
 	f, err := parser.ParseBytes(data, 0)
 	if err != nil {
 		return nil, fmt.Errorf("parse yaml: %w", err)
@@ -108,12 +122,20 @@ func ParseManifest(data []byte) (*Manifest, error) {
 		if !ok || app["kind"] != "Telo.Application" {
 			continue
 		}
-		return parseApp(app)
+		// The ports again, in the order written (a Go map has none):
+		// Kernel.PortsResolved lists them as declared.
+		var ordered struct {
+			Ports any `yaml:"ports"`
+		}
+		if err := yaml.NodeToValue(doc.Body, &ordered, yaml.UseOrderedMap()); err != nil {
+			return nil, fmt.Errorf("parse yaml: %w", err)
+		}
+		return parseApp(app, ordered.Ports, env)
 	}
 	return nil, fmt.Errorf("no document with kind: Telo.Application")
 }
 
-func parseApp(app map[string]any) (*Manifest, error) {
+func parseApp(app map[string]any, ports any, env LookupEnv) (*Manifest, error) {
 	var m Manifest
 	meta, _ := app["metadata"].(map[string]any)
 	m.Name, _ = meta["name"].(string)
@@ -121,7 +143,7 @@ func parseApp(app map[string]any) (*Manifest, error) {
 		return nil, fmt.Errorf("metadata.name must be a non-empty string")
 	}
 	var err error
-	if m.Ports, err = parsePorts(app["ports"]); err != nil {
+	if m.Ports, err = parsePorts(ports, env); err != nil {
 		return nil, err
 	}
 	if m.Dev, err = parseDev(app["x-devkernel"]); err != nil {
@@ -130,41 +152,75 @@ func parseApp(app map[string]any) (*Manifest, error) {
 	return &m, nil
 }
 
-func parsePorts(v any) ([]Port, error) {
+func parsePorts(v any, env LookupEnv) ([]Port, error) {
 	if v == nil {
 		return []Port{}, nil
 	}
-	list, ok := v.([]any)
+	block, ok := v.(yaml.MapSlice)
 	if !ok {
-		return nil, fmt.Errorf("ports must be a list")
+		return nil, fmt.Errorf("ports must be a mapping of port names to {env, protocol, default}")
 	}
-	ports := make([]Port, 0, len(list))
-	for i, item := range list {
-		e, ok := item.(map[string]any)
-		if !ok {
-			return nil, fmt.Errorf("ports[%d] must be a mapping", i)
+	ports := make([]Port, 0, len(block))
+	for _, item := range block {
+		name, ok := item.Key.(string)
+		if !ok || name == "" {
+			return nil, fmt.Errorf("ports: key %v must be a non-empty name", item.Key)
 		}
-		p := Port{Protocol: "tcp"}
-		n, ok := asInt(e["port"])
-		if !ok || n < 1 || n > 65535 {
-			return nil, fmt.Errorf("ports[%d].port must be an integer in 1..65535", i)
-		}
-		p.Port = int(n)
-		if name, present := e["name"]; present {
-			if p.Name, ok = name.(string); !ok {
-				return nil, fmt.Errorf("ports[%d].name must be a string", i)
-			}
-		}
-		if proto, present := e["protocol"]; present {
-			s, _ := proto.(string)
-			if s != "tcp" && s != "udp" {
-				return nil, fmt.Errorf(`ports[%d].protocol must be "tcp" or "udp"`, i)
-			}
-			p.Protocol = s
+		p, err := parsePort(name, item.Value, env)
+		if err != nil {
+			return nil, err
 		}
 		ports = append(ports, p)
 	}
 	return ports, nil
+}
+
+// parsePort validates one entry and resolves its port: the env variable
+// first (set and non-empty), then default; neither is a load failure, and
+// so is a value that is not an integer in 1..65535.
+func parsePort(name string, v any, env LookupEnv) (Port, error) {
+	e, ok := v.(yaml.MapSlice)
+	if !ok {
+		return Port{}, fmt.Errorf("ports.%s must be a mapping", name)
+	}
+	fields := make(map[string]any, len(e))
+	for _, kv := range e {
+		if k, ok := kv.Key.(string); ok {
+			fields[k] = kv.Value
+		}
+	}
+	p := Port{Name: name, Protocol: "tcp"}
+	if p.Env, _ = fields["env"].(string); p.Env == "" {
+		return Port{}, fmt.Errorf("ports.%s.env must be a non-empty string (the variable that supplies the port)", name)
+	}
+	if proto, present := fields["protocol"]; present {
+		s, _ := proto.(string)
+		if s != "tcp" && s != "udp" {
+			return Port{}, fmt.Errorf(`ports.%s.protocol must be "tcp" or "udp"`, name)
+		}
+		p.Protocol = s
+	}
+	if raw, present := fields["default"]; present {
+		n, ok := asInt(raw)
+		if !ok || n < 1 || n > 65535 {
+			return Port{}, fmt.Errorf("ports.%s.default must be an integer in 1..65535", name)
+		}
+		p.Default = int(n)
+	}
+	s, set := env(p.Env)
+	switch {
+	case set && s != "":
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 65535 {
+			return Port{}, fmt.Errorf("ports.%s: %s=%q is not an integer in 1..65535", name, p.Env, s)
+		}
+		p.Port = n
+	case p.Default != 0:
+		p.Port = p.Default
+	default:
+		return Port{}, fmt.Errorf("ports.%s: %s is not set and the port has no default", name, p.Env)
+	}
+	return p, nil
 }
 
 var devKeys = []string{"exitAfterMs", "exitCode", "failAt", "failCode", "outputBytes", "startDelayMs"}

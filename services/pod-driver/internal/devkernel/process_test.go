@@ -53,7 +53,8 @@ func TestLoadFailureExitsOne(t *testing.T) {
 		{"missing name", "kind: Telo.Application\n"},
 		{"no application", "kind: Telo.Library\nmetadata: {name: x}\n"},
 		{"not yaml", "kind: [\n"},
-		{"bad ports", manifest("x", "ports: [{port: web}]\n")},
+		{"ports as a list", manifest("x", "ports: [{name: http, port: 3000}]\n")},
+		{"port env unset, no default", manifest("x", "ports: {http: {env: PORT_DEVKERNEL_TEST_UNSET}}\n")},
 		{"unknown x-devkernel key", manifest("x", "x-devkernel: {sleep: 1}\n")},
 	}
 	for _, tt := range tests {
@@ -87,9 +88,11 @@ func TestUsageError(t *testing.T) {
 
 func TestInspectLifecycleHoldsOpen(t *testing.T) {
 	inspect, app := freePort(t), freePort(t)
-	path := writeManifest(t, manifest("lifecycle", fmt.Sprintf(
-		"ports:\n  - name: http\n    port: %d\nx-devkernel: {exitAfterMs: 30, exitCode: 3}\n", app)))
-	p := startKernel(t, nil, "run", "--inspect", addr(inspect), "--no-open", path)
+	// The port comes from the environment over the manifest's default.
+	path := writeManifest(t, manifest("lifecycle",
+		"ports:\n  http:\n    env: PORT_LIFECYCLE\n    default: 1\nx-devkernel: {exitAfterMs: 30, exitCode: 3}\n"))
+	env := testEnv("PORT_LIFECYCLE=" + strconv.Itoa(app))
+	p := startKernel(t, env, "run", "--inspect", addr(inspect), "--no-open", path)
 	c := dialEvents(t, addr(inspect))
 	frames := c.waitEvent(t, EventStopped, 1)
 
@@ -156,7 +159,7 @@ func TestInspectLifecycleHoldsOpen(t *testing.T) {
 
 func TestWatchReloads(t *testing.T) {
 	inspect, app := freePort(t), freePort(t)
-	good := manifest("watched", fmt.Sprintf("ports:\n  - name: http\n    port: %d\n", app))
+	good := manifest("watched", fmt.Sprintf("ports:\n  http: {env: PORT_WATCHED, default: %d}\n", app))
 	path := writeManifest(t, good)
 	p := startKernel(t, nil, "run", "--watch", "--inspect", addr(inspect), "--no-open", path)
 	c := dialEvents(t, addr(inspect))
@@ -270,7 +273,7 @@ func TestWatchOneShotWaitsForChange(t *testing.T) {
 func TestDeclaredPortsServe(t *testing.T) {
 	tcp, udp := freePort(t), freeUDPPort(t)
 	path := writeManifest(t, manifest("ports", fmt.Sprintf(
-		"ports:\n  - {name: web, port: %d}\n  - {name: dns, port: %d, protocol: udp}\n", tcp, udp)))
+		"ports:\n  web: {env: PORT_WEB, default: %d}\n  dns: {env: PORT_DNS, default: %d, protocol: udp}\n", tcp, udp)))
 	p := startKernel(t, nil, path)
 	p.waitStdout(t, "devkernel ports generation 1")
 
@@ -305,7 +308,7 @@ func TestPortInUse(t *testing.T) {
 	defer taken.Close()
 	port := taken.Addr().(*net.TCPAddr).Port
 	inspect := freePort(t)
-	path := writeManifest(t, manifest("busy", fmt.Sprintf("ports: [{port: %d}]\n", port)))
+	path := writeManifest(t, manifest("busy", fmt.Sprintf("ports: {http: {env: PORT_BUSY, default: %d}}\n", port)))
 
 	p := startKernel(t, nil, path, "--inspect", addr(inspect))
 	c := dialEvents(t, addr(inspect))

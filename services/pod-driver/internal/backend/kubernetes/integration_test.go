@@ -226,7 +226,7 @@ func poll(t *testing.T, what string, cond func() bool) {
 func manifest(name string, port int, extra string) string {
 	s := "kind: Telo.Application\nmetadata:\n  name: " + name + "\n"
 	if port != 0 {
-		s += fmt.Sprintf("ports:\n  - name: http\n    port: %d\n", port)
+		s += fmt.Sprintf("ports:\n  http:\n    env: PORT_%s\n    default: %d\n", strings.ToUpper(name), port)
 	}
 	return s + extra
 }

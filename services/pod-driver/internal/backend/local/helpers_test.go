@@ -310,15 +310,17 @@ func runSpec(manifest, io string, ports ...contract.PortMapping) backend.Spec {
 	}
 }
 
-// manifest is a devkernel manifest; dev is the x-devkernel block's body
-// (YAML lines indented by four spaces), or empty.
+// manifest is a devkernel manifest in Telo's form; dev is the x-devkernel
+// block's body (YAML lines indented by four spaces), or empty. Each port is
+// a name-keyed entry (p<i>) whose variable PORT_<NAME>_P<i> the specs leave
+// unset, so the kernel resolves it to its default.
 func manifest(name string, ports []contract.PortMapping, dev ...string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "kind: Telo.Application\nmetadata:\n  name: %s\n", name)
 	if len(ports) > 0 {
 		b.WriteString("ports:\n")
-		for _, p := range ports {
-			fmt.Fprintf(&b, "  - port: %d\n    protocol: %s\n", p.Port, p.Protocol)
+		for i, p := range ports {
+			fmt.Fprintf(&b, "  p%d: {env: PORT_%s_P%d, default: %d, protocol: %s}\n", i, strings.ToUpper(name), i, p.Port, p.Protocol)
 		}
 	}
 	if len(dev) > 0 {

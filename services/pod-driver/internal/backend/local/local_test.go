@@ -24,7 +24,9 @@ const app = contract.DefaultApp
 func TestTTYRunSession(t *testing.T) {
 	b := newBackend(t, nil)
 	port := contract.PortMapping{Port: freePort(t), Protocol: "tcp"}
-	spec := runSpec(manifest("web", []contract.PortMapping{port}), contract.IOTTY, port)
+	// The port reaches the kernel through the session env the manifest names.
+	spec := runSpec(manifest("web", nil)+"ports:\n  http: {env: PORT_WEB}\n", contract.IOTTY, port)
+	spec.Env["PORT_WEB"] = strconv.Itoa(port.Port)
 	rec := newRecorder()
 	w := start(t, b, spec, rec)
 	pgid := sessionPGID(t, b, spec.SessionID)
