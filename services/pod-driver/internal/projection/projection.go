@@ -33,7 +33,24 @@ type Projection struct {
 type state struct {
 	generation int
 	startedAt  *time.Time
+	// started: Kernel.Started was seen for the open generation.
+	started bool
+	// pending is the completed outcome of a generation that stopped before
+	// it started, held for BootFailureWindow: the real CLI tears a failed
+	// boot down (Kernel.Stopped) before it reports Kernel.RunFailed
+	// (10.5.5), and that RunFailed must fail this generation instead of
+	// opening a new one (19.15).
+	pending *pendingClose
 }
+
+type pendingClose struct {
+	ev    contract.Event
+	timer *time.Timer
+}
+
+// BootFailureWindow is how long the outcome of a generation that stopped
+// without starting waits for a Kernel.RunFailed{phase:"start"}.
+const BootFailureWindow = time.Second
 
 // New returns a projection that records generations in ledger and hands
 // run events to emit (called with the projection's lock held, so emit must
@@ -70,7 +87,12 @@ func (p *Projection) Feed(app string, raw json.RawMessage) (isEvent bool, err er
 	defer p.mu.Unlock()
 	switch f.Event {
 	case "Kernel.Starting":
+		p.flushLocked(app)
 		return true, p.openLocked(app)
+	case "Kernel.Started":
+		if s := p.state(app); s.startedAt != nil {
+			s.started = true
+		}
 	case "Kernel.Stopped":
 		var pl struct {
 			ExitCode any `json:"exitCode"`
@@ -80,9 +102,10 @@ func (p *Projection) Feed(app string, raw json.RawMessage) (isEvent bool, err er
 		if n, ok := pl.ExitCode.(float64); ok {
 			code = int(n)
 		}
-		p.closeLocked(app, &code, "")
+		p.stoppedLocked(app, code)
 	case "Kernel.RunFailed":
 		var pl struct {
+			Phase   any `json:"phase"`
 			Code    any `json:"code"`
 			Message any `json:"message"`
 		}
@@ -94,6 +117,17 @@ func (p *Projection) Feed(app string, raw json.RawMessage) (isEvent bool, err er
 		if s, ok := pl.Code.(string); ok && s != "" {
 			reason = s
 		}
+		if s := p.state(app); s.pending != nil && pl.Phase == "start" {
+			// The boot failure of the generation that just stopped: its
+			// one outcome is this failure (19.15, the CLI's order).
+			s.pending.timer.Stop()
+			ev := s.pending.ev
+			s.pending = nil
+			ev.Phase, ev.Reason, ev.Code, ev.DurationMs = "failed", reason, nil, nil
+			p.emit(ev)
+			return true, nil
+		}
+		p.flushLocked(app)
 		if err := p.openLocked(app); err != nil {
 			return true, err
 		}
@@ -108,6 +142,7 @@ func (p *Projection) Feed(app string, raw json.RawMessage) (isEvent bool, err er
 func (p *Projection) WorkloadEnded(app string, code *int, reason string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.flushLocked(app)
 	if code != nil && reason == "" {
 		p.closeLocked(app, code, "")
 		return
@@ -150,9 +185,56 @@ func (p *Projection) openLocked(app string) error {
 		trigger = contract.TriggerWatch
 	}
 	now := p.now()
-	s.generation, s.startedAt = gen, &now
+	s.generation, s.startedAt, s.started = gen, &now, false
 	p.emit(contract.Event{Type: contract.EventRun, App: app, Generation: gen, Phase: "started", Trigger: trigger})
 	return nil
+}
+
+// stoppedLocked closes the open generation on Kernel.Stopped: completed at
+// once when it had started, else held for BootFailureWindow (see
+// state.pending).
+func (p *Projection) stoppedLocked(app string, code int) {
+	s := p.state(app)
+	if s.startedAt == nil || s.generation == 0 {
+		return
+	}
+	if s.started {
+		p.closeLocked(app, &code, "")
+		return
+	}
+	ms := p.now().Sub(*s.startedAt).Milliseconds()
+	ev := contract.Event{Type: contract.EventRun, App: app, Generation: s.generation, Phase: "completed", Code: &code, DurationMs: &ms}
+	s.startedAt = nil
+	pc := &pendingClose{ev: ev}
+	pc.timer = time.AfterFunc(BootFailureWindow, func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if cur, ok := p.apps[app]; ok && cur.pending == pc {
+			p.flushLocked(app)
+		}
+	})
+	s.pending = pc
+}
+
+// flushLocked emits app's held outcome, if any.
+func (p *Projection) flushLocked(app string) {
+	s, ok := p.apps[app]
+	if !ok || s.pending == nil {
+		return
+	}
+	s.pending.timer.Stop()
+	ev := s.pending.ev
+	s.pending = nil
+	p.emit(ev)
+}
+
+// Flush emits every held outcome now (see BootFailureWindow).
+func (p *Projection) Flush() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for app := range p.apps {
+		p.flushLocked(app)
+	}
 }
 
 // closeLocked closes the open generation once; a close with none open is
@@ -179,7 +261,8 @@ func (p *Projection) closeLocked(app string, code *int, reason string) {
 func (p *Projection) Reset() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, s := range p.apps {
+	for app, s := range p.apps {
+		p.flushLocked(app)
 		s.startedAt = nil
 	}
 }
@@ -188,5 +271,8 @@ func (p *Projection) Reset() {
 func (p *Projection) Forget(app string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if s, ok := p.apps[app]; ok && s.pending != nil {
+		s.pending.timer.Stop()
+	}
 	delete(p.apps, app)
 }

@@ -3,6 +3,7 @@ package projection
 import (
 	"encoding/json"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -70,6 +71,7 @@ func TestProjection(t *testing.T) {
 		}, []string{"w#1 started watch", "w#1 failed boom", "w#2 started watch", "w#2 failed run failed"}},
 		{"non-number exit code is 0", nil, []step{
 			{app: "a", event: "Kernel.Starting", payload: "{}"},
+			{app: "a", event: "Kernel.Started", payload: "{}"},
 			{app: "a", event: "Kernel.Stopped", payload: `{"exitCode":"x"}`},
 		}, []string{"a#1 started watch", "a#1 completed code=0"}},
 		{"19.13: workload end after completion adds nothing", nil, []step{
@@ -92,6 +94,30 @@ func TestProjection(t *testing.T) {
 			{app: "a", event: "Kernel.Stopping", payload: "{}"},
 			{app: "a", event: "Kernel.Stopped", payload: `{"exitCode":1}`},
 		}, []string{"a#1 started watch", "a#1 failed ERR_BOOT"}},
+		{"19.15: the CLI's order, Stopped then RunFailed, is one failed outcome", nil, []step{
+			{app: "a", event: "Kernel.Initialized", payload: "{}"},
+			{app: "a", event: "Kernel.Starting", payload: "{}"},
+			{app: "a", event: "Kernel.Stopping", payload: "{}"},
+			{app: "a", event: "Kernel.Stopped", payload: `{"exitCode":1}`},
+			{app: "a", event: "Kernel.RunFailed", payload: `{"phase":"start","code":"ERR_BOOT","message":"boom"}`},
+			{app: "a", event: "Kernel.Starting", payload: "{}"},
+		}, []string{"a#1 started watch", "a#1 failed ERR_BOOT", "a#2 started watch"}},
+		{"19.15: a load failure after a stop is its own generation", nil, []step{
+			{app: "a", event: "Kernel.Starting", payload: "{}"},
+			{app: "a", event: "Kernel.Stopped", payload: `{"exitCode":0}`},
+			{app: "a", event: "Kernel.RunFailed", payload: `{"phase":"load","code":"ERR_MANIFEST_VALIDATION_FAILED"}`},
+		}, []string{"a#1 started watch", "a#1 completed code=0", "a#2 started watch", "a#2 failed ERR_MANIFEST_VALIDATION_FAILED"}},
+		{"19.15: a started generation completes at once", nil, []step{
+			{app: "a", event: "Kernel.Starting", payload: "{}"},
+			{app: "a", event: "Kernel.Started", payload: "{}"},
+			{app: "a", event: "Kernel.Stopped", payload: `{"exitCode":0}`},
+			{app: "a", event: "Kernel.RunFailed", payload: `{"phase":"start","code":"LATE"}`},
+		}, []string{"a#1 started watch", "a#1 completed code=0", "a#2 started watch", "a#2 failed LATE"}},
+		{"19.15: a held outcome is emitted by the next start", nil, []step{
+			{app: "a", event: "Kernel.Starting", payload: "{}"},
+			{app: "a", event: "Kernel.Stopped", payload: `{"exitCode":0}`},
+			{app: "a", event: "Kernel.Starting", payload: "{}"},
+		}, []string{"a#1 started watch", "a#1 completed code=0", "a#2 started watch"}},
 		{"double starting opens once; log frames ignored", nil, []step{
 			{app: "a", event: "Kernel.Starting", payload: "{}"},
 			{app: "a", event: "Kernel.Starting", payload: "{}"},
@@ -99,6 +125,7 @@ func TestProjection(t *testing.T) {
 		{"apps are independent", map[string]string{"a": "manual"}, []step{
 			{app: "a", event: "Kernel.Starting", payload: "{}"},
 			{app: "b", event: "Kernel.Starting", payload: "{}"},
+			{app: "a", event: "Kernel.Started", payload: "{}"},
 			{app: "a", event: "Kernel.Stopped", payload: `{"exitCode":0}`},
 		}, []string{"a#1 started manual", "b#1 started watch", "a#1 completed code=0"}},
 	}
@@ -142,5 +169,39 @@ func TestFeedClassifiesFrames(t *testing.T) {
 		if got, _ := p.Feed("a", json.RawMessage(tc.raw)); got != tc.want {
 			t.Errorf("Feed(%s) isEvent = %v, want %v", tc.raw, got, tc.want)
 		}
+	}
+}
+
+// A generation that stopped without starting and whose kernel never
+// reports RunFailed (an older kernel, 19.40) still completes, once
+// BootFailureWindow has passed.
+func TestHeldOutcomeCompletesAfterWindow(t *testing.T) {
+	var mu sync.Mutex
+	var got []contract.Event
+	p := New(&ledger{gens: map[string]int{}, triggers: map[string]string{}}, func(e contract.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, e)
+	}, nil)
+	for _, ev := range []string{"Kernel.Starting", "Kernel.Stopping"} {
+		if _, err := p.Feed("a", frame(ev, "{}")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	if _, err := p.Feed("a", frame("Kernel.Stopped", `{"exitCode":4}`)); err != nil {
+		t.Fatal(err)
+	}
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(got) }
+	for count() < 2 && time.Since(start) < BootFailureWindow+5*time.Second {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if waited := time.Since(start); waited < BootFailureWindow {
+		t.Errorf("outcome after %v, want it held for %v", waited, BootFailureWindow)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if g, w := fmt.Sprint(summary(got)), "[a#1 started watch a#1 completed code=4]"; g != w {
+		t.Fatalf("events = %s, want %s", g, w)
 	}
 }

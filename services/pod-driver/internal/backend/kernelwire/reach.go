@@ -17,6 +17,11 @@ const (
 	DefaultReachInterval     = 1 * time.Second
 	DefaultReachDeadline     = 30 * time.Second
 	DefaultReachSlowInterval = 5 * time.Second
+	// The first FastFor of a watch probes every FastInterval (never less
+	// often than Interval): a one-shot whose port lives a few hundred
+	// milliseconds is still seen reachable, which 1 s probes would miss.
+	DefaultReachFastInterval = 50 * time.Millisecond
+	DefaultReachFastFor      = 5 * time.Second
 )
 
 // ReachSink receives reachability states. backend.Sink satisfies it.
@@ -28,6 +33,7 @@ type ReachSink interface {
 // contract's defaults.
 type ReachTiming struct {
 	Interval, Deadline, SlowInterval time.Duration
+	FastInterval, FastFor            time.Duration
 }
 
 func (t ReachTiming) withDefaults() ReachTiming {
@@ -40,11 +46,19 @@ func (t ReachTiming) withDefaults() ReachTiming {
 	if t.SlowInterval <= 0 {
 		t.SlowInterval = DefaultReachSlowInterval
 	}
+	if t.FastInterval <= 0 {
+		t.FastInterval = DefaultReachFastInterval
+	}
+	t.FastInterval = min(t.FastInterval, t.Interval)
+	if t.FastFor <= 0 {
+		t.FastFor = DefaultReachFastFor
+	}
 	return t
 }
 
 // WatchReachability reports a declared tcp port's reachability at
-// host:port: checking at once, then a probe every Interval; the first
+// host:port: checking at once, then a probe every FastInterval for FastFor
+// and every Interval after that; the first
 // successful connect reports reachable and ends the watch. If the port is
 // still unreachable Deadline after the start, unreachable is reported once
 // and probing goes on every SlowInterval. It blocks until reachable or ctx
@@ -57,6 +71,7 @@ func WatchReachability(ctx context.Context, host string, port int, app string, s
 	defer probe.Stop()
 	deadline := time.NewTimer(tm.Deadline)
 	defer deadline.Stop()
+	start := time.Now()
 	interval := tm.Interval
 	for {
 		select {
@@ -71,6 +86,10 @@ func WatchReachability(ctx context.Context, host string, port int, app string, s
 		if reachable(ctx, addr) {
 			sink.Reachability(app, port, contract.ReachReachable)
 			return
+		}
+		if interval == tm.Interval && time.Since(start) < tm.FastFor {
+			probe.Reset(tm.FastInterval)
+			continue
 		}
 		probe.Reset(interval)
 	}
