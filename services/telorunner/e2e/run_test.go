@@ -253,3 +253,55 @@ func TestCreateRefusals(t *testing.T) {
 		t.Fatalf("evicted session GET = %d, want 404", resp.Status)
 	}
 }
+
+// Issue 14's manifest, as Telo writes it: the port comes from the variable
+// its ports: entry names (the session env supplies a free one over the
+// default), the session is reachable on it and then ends exited with the
+// kernel's code, with and without inspect (the editor always sends it).
+func TestTeloManifestRunSessionExits(t *testing.T) {
+	r := startRunner(t, nil)
+	const man = "kind: Telo.Application\n" +
+		"metadata: { name: hello, version: 1.0.0 }\n" +
+		"ports:\n" +
+		"  http: { env: PORT_HELLO, default: 39123 }\n" +
+		"x-devkernel: { exitAfterMs: 300, exitCode: 3 }\n"
+	for _, inspect := range []bool{false, true} {
+		t.Run(fmt.Sprintf("inspect=%t", inspect), func(t *testing.T) {
+			port := freePort(t)
+			body := runBody(man, []int{port}, inspect)
+			body["env"] = map[string]any{"PORT_HELLO": strconv.Itoa(port)}
+			c := r.create(t, body)
+			sse := openSSE(t, r.URL+c.StreamURL, nil)
+			events := sse.drain(t, 60*time.Second)
+			reachable, exited := -1, -1
+			for i, e := range events {
+				switch {
+				case e.Event == "reachability" && strings.Contains(e.Data, `"state":"reachable"`) && strings.Contains(e.Data, fmt.Sprintf(`"port":%d`, port)):
+					reachable = i
+				case isStatus("exited")(e):
+					exited = i
+					if !strings.Contains(e.Data, `"code":3`) {
+						t.Errorf("exited = %s, want code 3", e.Data)
+					}
+				}
+			}
+			if reachable < 0 || exited < 0 || reachable > exited {
+				t.Fatalf("events = %v, want reachability reachable on port %d, then status exited code 3", events, port)
+			}
+			if last := events[len(events)-1]; !isStatus("exited")(last) {
+				t.Errorf("last event = %+v, want the exited status", last)
+			}
+			if inspect {
+				var outcome string
+				for _, e := range events {
+					if e.Event == "run" && !strings.Contains(e.Data, `"phase":"started"`) {
+						outcome = e.Data
+					}
+				}
+				if !strings.Contains(outcome, `"phase":"completed"`) || !strings.Contains(outcome, `"code":3`) {
+					t.Errorf("run outcome = %s, want completed code 3", outcome)
+				}
+			}
+		})
+	}
+}

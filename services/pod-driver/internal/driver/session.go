@@ -77,9 +77,13 @@ type owned struct {
 	pendingPorts map[string]json.RawMessage
 	portsMu      sync.Mutex // serializes port-set changes
 	next         intent
-	shutdown     atomic.Bool   // driver shutting down: end as stopped
-	lost         atomic.Bool   // another driver took the owner key
-	ownerRev     atomic.Uint64 // the owner key's revision as last written
+	// finished is the code a run session's kernel reported for its one
+	// generation (intentFinished).
+	finished *int
+	finishWG sync.WaitGroup // finishRun goroutines
+	shutdown atomic.Bool    // driver shutting down: end as stopped
+	lost     atomic.Bool    // another driver took the owner key
+	ownerRev atomic.Uint64  // the owner key's revision as last written
 	// adopting: the first workload is an existing one to re-attach to
 	// (its driver died), not a new start.
 	adopting bool
@@ -198,7 +202,7 @@ func (o *owned) run(ownerRev uint64) {
 	for _, a := range o.record().Apps {
 		o.pumps[a.Name] = iopump.New(o.store.IO, bus.IOSubject(o.id, a.Name), 0, o.log)
 	}
-	o.proj = projection.New(ledger{o}, o.enqueue, nil)
+	o.proj = projection.New(ledger{o}, o.emitRun, nil)
 	svc, err := o.serveCtl()
 	if err != nil {
 		o.log.Error("serve control", "err", err)
@@ -216,6 +220,7 @@ func (o *owned) run(ownerRev uint64) {
 	}
 
 	final := o.lifecycle()
+	o.finishWG.Wait()
 
 	// Control requests still running end with the session's context and
 	// answer (new ones are refused), so nothing they report can follow
@@ -275,6 +280,10 @@ const (
 	intentSuspend         // idle: end as suspended, record kept
 	intentRecreate        // app-set change: start again with the new set
 	intentFail            // app-set change failed: end as failed with failMsg
+	// intentFinished: a run session's generation ended (its debug stream
+	// said so) while the kernel, held open by --inspect, still runs; it
+	// ends as exited with the generation's code (19.29).
+	intentFinished
 )
 
 // lifecycle runs workloads until the session ends and returns the status
@@ -438,6 +447,41 @@ func (o *owned) runOnce() *contract.Status {
 	return o.endStatus(in, w.Exit())
 }
 
+// emitRun queues a run event of the projection. In a run session an
+// outcome ends the session: under --inspect the kernel holds its process
+// open after a one-shot's generation ends (10.2), so the session would
+// never reach exited (19.29); the workload is stopped and the session ends
+// exited with the generation's code (1 for a failed one, the CLI's code
+// for a load or boot error). Called with the projection's lock held.
+func (o *owned) emitRun(ev contract.Event) {
+	o.enqueue(ev)
+	if ev.Type != contract.EventRun || (ev.Phase != "completed" && ev.Phase != "failed") {
+		return
+	}
+	code := 1
+	if ev.Phase == "completed" && ev.Code != nil {
+		code = *ev.Code
+	}
+	o.mu.Lock()
+	if o.mode != contract.ModeRun || o.next != intentNone {
+		o.mu.Unlock()
+		return
+	}
+	o.next, o.finished = intentFinished, &code
+	w := o.w
+	o.mu.Unlock()
+	if w == nil {
+		return // still starting: the start stops it as soon as it runs
+	}
+	o.finishWG.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := w.Stop(ctx); err != nil {
+			o.log.Warn("stop a finished run workload", "err", err)
+		}
+	})
+}
+
 // endStatus maps how a workload ended to the session's status.
 func (o *owned) endStatus(in intent, exit backend.Exit) *contract.Status {
 	switch {
@@ -448,6 +492,11 @@ func (o *owned) endStatus(in intent, exit backend.Exit) *contract.Status {
 		msg := o.failMsg
 		o.mu.Unlock()
 		return &contract.Status{Kind: contract.StatusFailed, Message: msg}
+	case in == intentFinished && !o.shutdown.Load() && !o.userStopped():
+		o.mu.Lock()
+		code := *o.finished
+		o.mu.Unlock()
+		return &contract.Status{Kind: contract.StatusExited, Code: &code}
 	case exit.Stopped || in == intentStop || o.shutdown.Load() || o.userStopped():
 		return &contract.Status{Kind: contract.StatusStopped}
 	case exit.Err != nil:

@@ -237,7 +237,8 @@ func TestRunSessionIOAndExit(t *testing.T) {
 	id := contract.NewSessionID()
 	spec := backend.Spec{
 		SessionID: id, Mode: contract.ModeRun, Inspect: true,
-		Env: map[string]string{"GREETING": "hi"},
+		Env:    map[string]string{"GREETING": "hi", "TELO_CACHE_DIR": "/session-choice"},
+		Config: contract.SessionConfig{PullPolicy: "always"},
 		Bundle: contract.Bundle{EntryRelativePath: "telo.yaml", Files: []contract.BundleFile{
 			{RelativePath: "telo.yaml", Contents: manifest("runner", 0, "x-devkernel:\n  startDelayMs: 1500\n")},
 		}},
@@ -255,6 +256,29 @@ func TestRunSessionIOAndExit(t *testing.T) {
 	}
 	poll(t, "stdin echo", func() bool { return strings.Contains(rec.output("app"), "echo: hello pod") })
 	poll(t, "Kernel.Started relayed", func() bool { return slices.Contains(rec.events("app"), "Kernel.Started") })
+
+	// The pod as the API server holds it: the CLI's flags before the path
+	// (A42), the request's pull policy, no TELO_CACHE_DIR on its read-only
+	// root (neither the runner's nor the session's).
+	pod, err := c.admin.CoreV1().Pods(c.env.Namespace).Get(ctx, podspec.RunPodName(id), metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("get run pod: %v", err)
+	}
+	sc := pod.Spec.Containers[0]
+	if want := []string{"telo", "run", "--no-cache-write", "--inspect", "0.0.0.0:9230", "--no-open", "/app/telo.yaml"}; !slices.Equal(sc.Command, want) {
+		t.Errorf("run pod command = %v, want %v", sc.Command, want)
+	}
+	if sc.ImagePullPolicy != corev1.PullAlways {
+		t.Errorf("run pod imagePullPolicy = %v, want Always (pullPolicy always)", sc.ImagePullPolicy)
+	}
+	for _, e := range sc.Env {
+		if e.Name == "TELO_CACHE_DIR" {
+			t.Errorf("run pod env has TELO_CACHE_DIR=%q, want none", e.Value)
+		}
+	}
+	if sc.SecurityContext == nil || sc.SecurityContext.ReadOnlyRootFilesystem == nil || !*sc.SecurityContext.ReadOnlyRootFilesystem {
+		t.Errorf("run pod root filesystem not read-only")
+	}
 
 	cm, err := c.admin.CoreV1().ConfigMaps(c.env.Namespace).Get(ctx, podspec.BundleConfigMapName(id), metav1.GetOptions{})
 	if err != nil || len(cm.OwnerReferences) != 1 || cm.OwnerReferences[0].Name != podspec.RunPodName(id) {

@@ -131,18 +131,30 @@ func Run(p Params, spec backend.Spec) (*corev1.Pod, *corev1.ConfigMap, error) {
 	pod := &corev1.Pod{ObjectMeta: objectMeta(p, RunPodName(spec.SessionID), spec.SessionID)}
 	ttl := p.RunLimits.TTLSeconds
 	pod.Spec = basePodSpec(p, ttl)
-	cmd := []string{"telo", "run", path.Join("/app", entry), "--no-cache-write"}
+	// The CLI's flags go before the path (10.1's later-revision order, A42):
+	// newer CLIs hand every token after the path to the application.
+	cmd := []string{"telo", "run", "--no-cache-write"}
 	if spec.Inspect {
 		cmd = append(cmd, "--inspect", "0.0.0.0:"+strconv.Itoa(FirstInspectPort), "--no-open")
 	}
+	cmd = append(cmd, path.Join("/app", entry))
 	c := corev1.Container{
-		Name:            ContainerSession,
-		Image:           image(spec.Config, p.KernelImage),
-		ImagePullPolicy: corev1.PullIfNotPresent,
+		Name:  ContainerSession,
+		Image: image(spec.Config, p.KernelImage),
+		// The image is the request's base image (there is no per-bundle
+		// content-addressed build), so the request's pull policy applies
+		// (the mapping of 11.6).
+		ImagePullPolicy: PullPolicy(spec.Config.PullPolicy),
 		WorkingDir:      "/work",
 		Command:         cmd,
+		// No TELO_CACHE_DIR: 10.6's /telo-cache is the dependency cache
+		// baked into a per-bundle image, which this driver does not build;
+		// on the base image that path would be an empty directory on a
+		// read-only root. The CLI keeps its default cache under HOME (a
+		// writable emptyDir), and --no-cache-write still keeps derived
+		// entries out of it.
 		Env: envVars(sessionEnv(spec.Env, "TELO_CACHE_DIR", "HOME", "npm_config_cache", "FORCE_COLOR"), map[string]string{
-			"TELO_CACHE_DIR": "/telo-cache", "HOME": "/home/telo",
+			"HOME":             "/home/telo",
 			"npm_config_cache": "/home/telo/.npm", "FORCE_COLOR": "1",
 		}),
 		Stdin:           true,

@@ -63,6 +63,30 @@ func TestParseAndClamp(t *testing.T) {
 	}
 }
 
+// A run pod honours the request's pullPolicy (11.6's mapping) and, without
+// inspect, still puts its flag before the path.
+func TestRunPodPullPolicyAndArgv(t *testing.T) {
+	for pol, want := range map[string]corev1.PullPolicy{"always": corev1.PullAlways, "never": corev1.PullNever, "missing": corev1.PullIfNotPresent} {
+		spec := backend.Spec{
+			SessionID: "abcdefghijkl", Mode: contract.ModeRun,
+			Config: contract.SessionConfig{Image: "telorun/node:latest-slim", PullPolicy: pol},
+			Bundle: contract.Bundle{EntryRelativePath: "telo.yaml", Files: []contract.BundleFile{{RelativePath: "telo.yaml", Contents: "kind: x"}}},
+			Apps:   []backend.App{{Name: "app", Entry: "telo.yaml", IO: contract.IOTTY}},
+		}
+		pod, _, err := Run(testParams(), spec)
+		if err != nil {
+			t.Fatalf("Run() error = %v", err)
+		}
+		c := pod.Spec.Containers[0]
+		if c.ImagePullPolicy != want {
+			t.Errorf("pullPolicy %s: ImagePullPolicy = %v, want %v", pol, c.ImagePullPolicy, want)
+		}
+		if argv := []string{"telo", "run", "--no-cache-write", "/app/telo.yaml"}; !slices.Equal(c.Command, argv) {
+			t.Errorf("Command = %v, want %v", c.Command, argv)
+		}
+	}
+}
+
 func TestRunPod(t *testing.T) {
 	p := testParams()
 	spec := backend.Spec{
@@ -81,12 +105,21 @@ func TestRunPod(t *testing.T) {
 		t.Errorf("pod meta = %v %v", pod.Name, pod.Labels)
 	}
 	c := pod.Spec.Containers[0]
-	want := []string{"telo", "run", "/app/telo.yaml", "--no-cache-write", "--inspect", "0.0.0.0:9230", "--no-open"}
+	// Flags before the path (A42).
+	want := []string{"telo", "run", "--no-cache-write", "--inspect", "0.0.0.0:9230", "--no-open", "/app/telo.yaml"}
 	if !slices.Equal(c.Command, want) {
 		t.Errorf("Command = %v, want %v", c.Command, want)
 	}
-	if got := envMap(c.Env); got["HOME"] != "/home/telo" || got["A"] != "1" || got["FORCE_COLOR"] != "1" || got["TELO_CACHE_DIR"] != "/telo-cache" {
+	// No TELO_CACHE_DIR on the read-only root (no baked cache), the
+	// session's one dropped too.
+	if got := envMap(c.Env); got["HOME"] != "/home/telo" || got["A"] != "1" || got["FORCE_COLOR"] != "1" || got["TELO_CACHE_DIR"] != "" {
 		t.Errorf("env = %v", got)
+	}
+	if !*c.SecurityContext.ReadOnlyRootFilesystem {
+		t.Errorf("session container root is writable, want read-only (HARDENED)")
+	}
+	if c.ImagePullPolicy != corev1.PullIfNotPresent {
+		t.Errorf("ImagePullPolicy = %v, want IfNotPresent for pullPolicy missing", c.ImagePullPolicy)
 	}
 	if !c.TTY || !c.Stdin || c.StdinOnce {
 		t.Errorf("tty/stdin = %v/%v/%v, want true/true/false", c.TTY, c.Stdin, c.StdinOnce)
