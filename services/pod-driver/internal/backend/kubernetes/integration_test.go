@@ -102,6 +102,12 @@ type cluster struct {
 
 func newCluster(t *testing.T, kubelet bool) *cluster {
 	t.Helper()
+	return newClusterWith(t, kubelet, nil)
+}
+
+// newClusterWith is newCluster with the backend's options changed by edit.
+func newClusterWith(t *testing.T, kubelet bool, edit func(*kube.Options)) *cluster {
+	t.Helper()
 	env := kubetest.Start(t, kubetest.Options{})
 	if kubelet {
 		env.StartKubelet(t, kubetest.KubeletOptions{
@@ -114,7 +120,7 @@ func newCluster(t *testing.T, kubelet bool) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := kube.New(kube.Options{
+	opts := kube.Options{
 		RestConfig: env.Driver, Namespace: env.Namespace,
 		KernelImage: kernelImage, WorkspaceImage: workspaceImage,
 		IngressBaseDomain: domain,
@@ -124,7 +130,11 @@ func newCluster(t *testing.T, kubelet bool) *cluster {
 		WorkspaceReady:    20 * time.Second,
 		Reach:             kernelwire.ReachTiming{Interval: 100 * time.Millisecond, Deadline: 5 * time.Second, SlowInterval: time.Second},
 		RelayRetry:        100 * time.Millisecond,
-	})
+	}
+	if edit != nil {
+		edit(&opts)
+	}
+	b, err := kube.New(opts)
 	if err != nil {
 		t.Fatalf("New() error = %v", err)
 	}
@@ -149,6 +159,7 @@ type recorder struct {
 	wsURL     string
 	progress  []string
 	runningAt int
+	diag      []string // "<app> <tag> <line>" of each [runner] line
 }
 
 func newRecorder() *recorder {
@@ -173,6 +184,9 @@ func (r *recorder) Output(app string, tag byte, p []byte) {
 		r.out[app] = &bytes.Buffer{}
 	}
 	r.out[app].Write(p)
+	if bytes.Contains(p, []byte("[runner]")) {
+		r.diag = append(r.diag, fmt.Sprintf("%s %d %s", app, tag, bytes.TrimSpace(p)))
+	}
 }
 func (r *recorder) Debug(app string, frame json.RawMessage) {
 	r.mu.Lock()
@@ -657,5 +671,78 @@ func stopAdopted(ctx context.Context, t *testing.T, b2 *kube.Backend, w1, w2 bac
 	}
 	if err := b2.Close(ctx); err != nil {
 		t.Errorf("Close() = %v", err)
+	}
+}
+
+// A watch pod whose apps have 60–63 character names (valid per 3.9) is
+// accepted by the real API server, which refuses app-<name> past 63.
+func TestLongAppNamePodAccepted(t *testing.T) {
+	c := newCluster(t, false)
+	var apps []backend.App
+	for _, n := range []int{60, 63} {
+		apps = append(apps, backend.App{Name: strings.Repeat("a", n-1) + "z", Entry: fmt.Sprintf("a%d/telo.yaml", n), IO: contract.IOTTY})
+	}
+	spec := backend.Spec{SessionID: contract.NewSessionID(), Mode: contract.ModeWatch, Apps: apps,
+		Bundle: contract.Bundle{EntryRelativePath: "telo.yaml"}}
+	pod, err := podspec.Watch(podspec.Params{
+		Namespace: c.env.Namespace, ManagedBy: "telo-k8s-runner", KernelImage: kernelImage, WorkspaceImage: workspaceImage,
+		RunLimits: podspec.Limits{CPU: "50m", Memory: "100Mi", EphemeralStorage: "512Mi", TTLSeconds: 3600},
+		AppLimits: podspec.Limits{CPU: "500m", Memory: "512Mi", EphemeralStorage: "1Gi", TTLSeconds: 21600}, WatchTTLSeconds: 21600,
+	}, spec, "telo-watch-"+spec.SessionID+"-long")
+	if err != nil {
+		t.Fatalf("podspec.Watch() = %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	if _, err := c.admin.CoreV1().Pods(c.env.Namespace).Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+		t.Fatalf("API server refused the watch pod of 60- and 63-character app names: %v", err)
+	}
+}
+
+// A routing failure's diagnostic line is tagged stderr on a streams app and
+// tty on a tty app (7.4); the session runs on (the API server refuses the
+// Ingress: its base domain is not a DNS name).
+func TestIngressFailureLineTag(t *testing.T) {
+	c := newClusterWith(t, true, func(o *kube.Options) { o.IngressBaseDomain = "bad_domain.example" })
+	for _, tt := range []struct {
+		io  string
+		tag byte
+	}{{contract.IOStreams, contract.TagStderr}, {contract.IOTTY, contract.TagTTY}} {
+		t.Run(tt.io, func(t *testing.T) {
+			rec := newRecorder()
+			port := contract.PortMapping{Port: 18090, Protocol: "tcp"}
+			spec := backend.Spec{
+				SessionID: contract.NewSessionID(), Mode: contract.ModeRun,
+				Bundle: contract.Bundle{EntryRelativePath: "telo.yaml", Files: []contract.BundleFile{
+					{RelativePath: "telo.yaml", Contents: manifest("ingress", 18090, "")},
+				}},
+				Apps: []backend.App{{Name: "app", Entry: "telo.yaml", IO: tt.io, Ports: []contract.PortMapping{port}}},
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+			defer cancel()
+			w, err := c.b.Start(ctx, spec, rec)
+			if err != nil {
+				t.Fatalf("Start() error = %v", err)
+			}
+			defer func() { _ = w.Stop(context.Background()) }()
+			want := fmt.Sprintf("app %d [runner] failed to create ingress: ", tt.tag)
+			poll(t, "the ingress failure line", func() bool {
+				rec.mu.Lock()
+				defer rec.mu.Unlock()
+				for _, d := range rec.diag {
+					if strings.HasPrefix(d, want) {
+						return true
+					}
+				}
+				return false
+			})
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			for _, d := range rec.diag {
+				if !strings.HasPrefix(d, fmt.Sprintf("app %d ", tt.tag)) {
+					t.Errorf("diagnostic %q, want tag %d", d, tt.tag)
+				}
+			}
+		})
 	}
 }

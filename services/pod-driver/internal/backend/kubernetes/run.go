@@ -76,7 +76,7 @@ func (b *Backend) startRun(ctx context.Context, spec backend.Spec, sink backend.
 	sink.Running(podspec.Endpoints(b.params, spec.SessionID, a.Ports), nil)
 	if err := b.publish(ctx, spec.SessionID, running, a.Ports); err != nil {
 		w.log.Warn("publish routing", "err", err)
-		sink.Output(a.Name, contract.TagTTY, []byte("\r\n[runner] failed to create ingress: "+err.Error()+"\r\n"))
+		sink.Output(a.Name, diagnosticTag(a), []byte("\r\n[runner] failed to create ingress: "+err.Error()+"\r\n"))
 	}
 	if spec.Inspect && !spec.SelfContained {
 		w.relay(w.ctx, a.Name, podspec.FirstInspectPort, kernelwire.RelayOptions{})
@@ -145,4 +145,13 @@ func (b *Backend) deleteConfigMap(name string) {
 	if err != nil && !apierrors.IsNotFound(err) {
 		b.log.Warn("delete bundle configmap", "configmap", name, "err", err)
 	}
+}
+
+// diagnosticTag is the stream tag of a runner diagnostic line on app's
+// byte channel: tty on a tty app, stderr on a streams app (7.4).
+func diagnosticTag(a backend.App) byte {
+	if a.IO == contract.IOStreams {
+		return contract.TagStderr
+	}
+	return contract.TagTTY
 }

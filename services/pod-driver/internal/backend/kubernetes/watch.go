@@ -96,7 +96,7 @@ func (b *Backend) startWatch(ctx context.Context, spec backend.Spec, sink backen
 	if err := w.publishAll(ctx); err != nil {
 		w.log.Warn("publish routing", "err", err)
 		for _, a := range w.apps {
-			sink.Output(a.Name, contract.TagTTY, []byte("\r\n[runner] failed to create ingress: "+err.Error()+"\r\n"))
+			sink.Output(a.Name, diagnosticTag(a), []byte("\r\n[runner] failed to create ingress: "+err.Error()+"\r\n"))
 		}
 	}
 	for i, a := range w.apps {

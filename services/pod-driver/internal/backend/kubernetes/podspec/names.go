@@ -1,6 +1,8 @@
 package podspec
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -34,8 +36,18 @@ func (n *Namer) WatchPodName(sessionID string) string {
 	return "telo-watch-" + sessionID + "-" + strconv.FormatInt(now().UnixMilli(), 36) + strconv.FormatUint(c, 36)
 }
 
-// AppContainerName is the container of watch app name.
-func AppContainerName(app string) string { return AppContainerPfx + app }
+// AppContainerName is the container of watch app name: app-<name> (11.4).
+// A container name is a DNS label of at most 63 characters, and the contract
+// allows app names of up to 63 (3.9), so a name longer than 59 becomes
+// app-<its first 50 characters>-<8 hex of its SHA-256>: distinct names stay
+// distinct and the pod is accepted.
+func AppContainerName(app string) string {
+	if len(AppContainerPfx)+len(app) <= 63 {
+		return AppContainerPfx + app
+	}
+	sum := sha256.Sum256([]byte(app))
+	return AppContainerPfx + strings.TrimRight(app[:50], "-") + "-" + hex.EncodeToString(sum[:4])
+}
 
 // PortName is the name of a container or Service port: "<proto>-<port>"
 // (contract 19 item 27: unique even when one port is tcp and udp).

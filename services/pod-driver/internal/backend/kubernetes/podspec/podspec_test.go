@@ -208,7 +208,7 @@ func TestWatchPodShape(t *testing.T) {
 		{SessionID: "abcdefghijkl", Apps: []backend.App{{Name: "a", Entry: "a", Ports: []contract.PortMapping{{Port: 9230, Protocol: "tcp"}}}}},
 		{SessionID: "abcdefghijkl", Apps: []backend.App{{Name: "a", Entry: "a", Ports: []contract.PortMapping{{Port: 1, Protocol: "tcp"}}}, {Name: "b", Entry: "b", Ports: []contract.PortMapping{{Port: 1, Protocol: "tcp"}}}}},
 		{SessionID: "abcdefghijkl", Apps: []backend.App{{Name: "a", Entry: "../x"}}},
-		{SessionID: "abcdefghijkl", Apps: []backend.App{{Name: strings.Repeat("a", 60), Entry: "x"}}},
+		{SessionID: "abcdefghijkl", Apps: []backend.App{{Name: strings.Repeat("a", 64), Entry: "x"}}},
 	} {
 		if _, err := Watch(testParams(), bad, "telo-watch-abcdefghijkl-1"); err == nil {
 			t.Errorf("Watch(%+v) error = nil, want one", bad.Apps)
@@ -373,4 +373,36 @@ func envMap(env []corev1.EnvVar) map[string]string {
 		m[e.Name] = e.Value
 	}
 	return m
+}
+
+// App names of 60–63 characters are valid (3.9: a DNS label of 1–63) and
+// their pod is too: every container name is a DNS label of at most 63
+// characters, distinct per app (the API server refuses app-<63 chars>).
+func TestWatchPodLongAppNames(t *testing.T) {
+	long := func(n int, c string) string { return strings.Repeat(c, n) }
+	names := []string{long(59, "a"), long(60, "a"), long(63, "a"), long(62, "a") + "b", long(49, "c") + "-" + long(13, "d")}
+	var apps []backend.App
+	for _, n := range names {
+		apps = append(apps, backend.App{Name: n, Entry: "telo.yaml", IO: contract.IOTTY})
+	}
+	spec := backend.Spec{SessionID: "abcdefghijkl", Mode: contract.ModeWatch, Apps: apps,
+		Bundle: contract.Bundle{EntryRelativePath: "telo.yaml"}}
+	pod, err := Watch(testParams(), spec, "telo-watch-abcdefghijkl-x")
+	if err != nil {
+		t.Fatalf("Watch() error = %v", err)
+	}
+	seen := map[string]bool{}
+	for _, c := range pod.Spec.Containers {
+		if !ValidDNSLabel(c.Name) || seen[c.Name] {
+			t.Errorf("container name %q (%d chars) is not a distinct DNS label", c.Name, len(c.Name))
+		}
+		seen[c.Name] = true
+	}
+	if got := AppContainerName(long(59, "a")); got != "app-"+long(59, "a") {
+		t.Errorf("AppContainerName(59 chars) = %q, want app-<name> unchanged", got)
+	}
+	if _, err := Watch(testParams(), backend.Spec{SessionID: "abcdefghijkl", Mode: contract.ModeWatch,
+		Apps: []backend.App{{Name: long(64, "a"), Entry: "telo.yaml"}}}, "x"); err == nil {
+		t.Error("Watch() with a 64-character app name = nil error, want one")
+	}
 }

@@ -30,7 +30,7 @@ func WatchApps(spec backend.Spec) ([]backend.App, error) {
 		taken[a.Port] = "the agent"
 	}
 	for _, app := range apps {
-		if app.Name == ContainerWS || app.Name == ContainerAgent || names[app.Name] || !ValidDNSLabel(AppContainerName(app.Name)) {
+		if app.Name == ContainerWS || app.Name == ContainerAgent || names[app.Name] || !ValidDNSLabel(app.Name) {
 			return nil, fmt.Errorf("invalid or duplicate app name %q", app.Name)
 		}
 		names[app.Name] = true
