@@ -27,6 +27,9 @@ import (
 // Config is the edge configuration (contract section 18).
 type Config = config.Config
 
+// App is one operator catalog entry of RUNNER_APPS (contract 12.1).
+type App = config.App
+
 // Version is the runner version reported by /v1/health.
 const Version = config.Version
 

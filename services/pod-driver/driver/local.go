@@ -133,3 +133,8 @@ func (c LocalConfig) apply(o *local.Options) {
 	}
 	o.RunCeilings, o.AppCeilings, o.WatchCeilings = c.Run, c.App, c.Watch
 }
+
+// LocalCanRun reports whether the local backend can run a catalog entry's
+// image: only "<absolute path to an executable> [args...]" (there are no
+// images on this machine).
+func LocalCanRun(image string) bool { return local.CanRun(image) }

@@ -44,6 +44,10 @@ type Config struct {
 	Edge       edge.Config
 	Driver     driver.Config
 	Supervisor supervisor.Config
+	// LocalUnrunnable names the RUNNER_APPS entries left out of the
+	// catalog because the local backend cannot run their image (logged at
+	// start).
+	LocalUnrunnable []string
 }
 
 // LoadConfig reads every service's configuration from the environment.
@@ -82,6 +86,12 @@ func LoadConfig(lookup func(string) (string, bool)) (Config, error) {
 	if c.Supervisor, err = supervisor.LoadConfig(lookup); err != nil {
 		return c, err
 	}
+	if c.Driver.Backend != "kubernetes" {
+		// The local backend runs no images: a catalog entry it cannot run
+		// is neither advertised nor accepted (an advertised app or agent
+		// must start).
+		c.Edge.Apps, c.LocalUnrunnable = c.Edge.Apps.Keep(func(a edge.App) bool { return driver.LocalCanRun(a.Image) })
+	}
 	return c, nil
 }
 
@@ -112,6 +122,9 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 		log = slog.Default()
 	}
 	credDir := CredentialsDir(cfg.DataDir)
+	for _, name := range cfg.LocalUnrunnable {
+		log.Warn("RUNNER_APPS entry not offered: the local backend runs only an image that is an absolute path to an executable", "app", name)
+	}
 	url := cfg.NATSURL
 	if url == "" {
 		ns, err := startNATS(filepath.Join(cfg.DataDir, "nats"), credDir, cfg.NATSPort, cfg.Sync)

@@ -3,11 +3,13 @@ package e2e
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -122,5 +124,34 @@ func TestListenHostOpens(t *testing.T) {
 	res := do(t, http.MethodGet, "http://"+net.JoinHostPort(other.String(), strconv.Itoa(port))+"/v1/health", nil, nil)
 	if res.Status != http.StatusOK {
 		t.Fatalf("GET /v1/health on %s = %d, want 200", other, res.Status)
+	}
+}
+
+// The local backend runs no images: a catalog entry whose image is not an
+// absolute path to an executable is neither advertised (apps, agents) nor
+// accepted; a runnable one is both.
+func TestLocalCatalogOffersOnlyRunnableApps(t *testing.T) {
+	r := watchRunner(t, map[string]string{
+		"RUNNER_APPS": fmt.Sprintf(`{"image-only":{"image":"telorun/authoring-agent:latest-slim","port":8080,"title":"Needs a container"},`+
+			`"runnable":{"image":%q,"port":8081}}`, devkernel),
+	})
+	var caps struct {
+		Features struct {
+			Agents []string `json:"agents"`
+		} `json:"features"`
+		Apps []struct {
+			Name string `json:"name"`
+		} `json:"apps"`
+	}
+	do(t, http.MethodGet, r.URL+"/v1/capabilities", nil, nil).json(t, &caps)
+	if len(caps.Apps) != 1 || caps.Apps[0].Name != "runnable" {
+		t.Errorf("capabilities apps = %+v, want only runnable", caps.Apps)
+	}
+	if len(caps.Features.Agents) != 1 || caps.Features.Agents[0] != "runnable" {
+		t.Errorf("capabilities agents = %v, want only runnable", caps.Features.Agents)
+	}
+	res := do(t, http.MethodPost, r.URL+"/v1/apps/image-only/sessions", map[string]any{"env": map[string]any{}}, nil)
+	if res.Status != http.StatusNotFound || !strings.Contains(string(res.Body), `"unknown_app"`) {
+		t.Errorf("POST /v1/apps/image-only/sessions = %d %s, want 404 unknown_app", res.Status, res.Body)
 	}
 }

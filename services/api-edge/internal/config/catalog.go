@@ -60,6 +60,21 @@ func (c Catalog) Names() []string {
 	return names
 }
 
+// Keep returns the catalog of the entries keep accepts, in order, and the
+// names of the others.
+func (c Catalog) Keep(keep func(App) bool) (Catalog, []string) {
+	var out Catalog
+	var dropped []string
+	for _, a := range c.apps {
+		if keep(a) {
+			out.apps = append(out.apps, a)
+		} else {
+			dropped = append(dropped, a.Name)
+		}
+	}
+	return out, dropped
+}
+
 // AgentNames returns, in catalog order, the names of entries that declare a
 // port and so can run as a co-resident agent. Advertise them only when watch
 // sessions are enabled.

@@ -40,6 +40,13 @@ func watchArgv(prefix []string, entry string, inspectPort int) []string {
 	})
 }
 
+// CanRun reports whether the local backend can run an app session or agent
+// of image (see imageArgv).
+func CanRun(image string) bool {
+	_, err := imageArgv(image)
+	return err == nil
+}
+
 // imageArgv turns a self-contained session's image into an argv. There are
 // no images on this machine, so only "<absolute path to an executable>
 // [args...]" can run.
