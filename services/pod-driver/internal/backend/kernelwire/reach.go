@@ -2,6 +2,7 @@ package kernelwire
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strconv"
 	"time"
@@ -103,4 +104,36 @@ func reachable(ctx context.Context, addr string) bool {
 	}
 	_ = c.Close() // a probe connection; nothing was sent
 	return true
+}
+
+// ProgressSink receives progress notices. backend.Sink satisfies it.
+type ProgressSink interface {
+	Progress(phase, message string, done bool, app string)
+}
+
+// CheckAgentPort checks that a co-resident agent listens on its catalog
+// port (19.5): the agent's port gets no reachability events (11.7), so one
+// that does not answer within tm.Deadline is reported once as a progress
+// notice (no app) naming the agent and the operator setting. It blocks
+// until the port answers, the notice is sent, or ctx ends.
+func CheckAgentPort(ctx context.Context, host string, port int, agent string, sink ProgressSink, tm ReachTiming) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	WatchReachability(ctx, host, port, agent, agentReach{sink: sink, agent: agent, cancel: cancel}, tm)
+}
+
+type agentReach struct {
+	sink   ProgressSink
+	agent  string
+	cancel context.CancelFunc
+}
+
+func (a agentReach) Reachability(_ string, port int, state string) {
+	if state != contract.ReachUnreachable {
+		return
+	}
+	a.sink.Progress(contract.PhaseBoot, fmt.Sprintf(
+		"agent %s is not listening on port %d: its address leads nowhere until it does (RUNNER_APPS.%s.port must be the port its image listens on)",
+		a.agent, port, a.agent), false, "")
+	a.cancel()
 }

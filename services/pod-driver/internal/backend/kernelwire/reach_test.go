@@ -56,3 +56,34 @@ func TestWatchReachabilitySeesShortLivedPort(t *testing.T) {
 		t.Errorf("states = %v, want %v", rec.states, want)
 	}
 }
+
+type progressRecorder struct {
+	mu    sync.Mutex
+	notes []string
+}
+
+func (r *progressRecorder) Progress(phase, message string, _ bool, app string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.notes = append(r.notes, phase+" "+app+" "+message)
+}
+
+// An agent that listens on its port gets no notice; CheckAgentPort returns
+// once the port answers.
+func TestCheckAgentPortListening(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	rec := &progressRecorder{}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	CheckAgentPort(ctx, "127.0.0.1", ln.Addr().(*net.TCPAddr).Port, "helper", rec, ReachTiming{Deadline: 200 * time.Millisecond})
+	if ctx.Err() != nil {
+		t.Fatal("CheckAgentPort did not return once the port answered")
+	}
+	if len(rec.notes) != 0 {
+		t.Errorf("notices = %v, want none", rec.notes)
+	}
+}

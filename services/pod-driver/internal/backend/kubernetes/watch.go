@@ -103,6 +103,9 @@ func (b *Backend) startWatch(ctx context.Context, spec backend.Spec, sink backen
 		w.startRelay(i, a.Name, time.Time{})
 		w.watchReach(a.Name, a.Ports)
 	}
+	if ag := w.agent; ag != nil && ag.Port != 0 {
+		w.wg.Go(func() { kernelwire.CheckAgentPort(w.ctx, w.podIP, ag.Port, ag.Name, w.sink, w.b.opts.Reach) })
+	}
 	sink.Running(w.endpoints(), w.agentEndpoint())
 	b.wg.Go(w.monitor)
 	w.log.Info("watch session started", "apps", len(w.apps))

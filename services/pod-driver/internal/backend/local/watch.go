@@ -49,6 +49,7 @@ type WatchWorkload struct {
 	failure error // why the workload failed; set by supervise only
 
 	reachCtx    context.Context
+	agentSpec   *backend.Agent // the co-resident agent; nil without one
 	reachCancel context.CancelFunc
 
 	// Lock order: pidMu, then watchApp.mu. mu is never held with another.
@@ -151,6 +152,7 @@ func (b *Backend) startWatch(ctx context.Context, spec backend.Spec, sink backen
 		if err := w.startAgent(plan.agent, spec.Agent.Env); err != nil {
 			return nil, &backend.StartError{Stage: "start", Message: err.Error()}
 		}
+		w.agentSpec = spec.Agent
 	}
 	if err := w.recordPIDs(); err != nil {
 		return nil, &backend.StartError{Stage: "start", Message: err.Error()}
@@ -380,6 +382,14 @@ func (w *WatchWorkload) launch() {
 	}
 	for _, a := range w.apps {
 		w.watchPorts(a.app.Name, a.app.Ports)
+	}
+	if w.agent != nil && w.agentSpec != nil && w.agentSpec.Port != 0 {
+		name, port, tm := w.agentSpec.Name, w.agentSpec.Port, w.b.reachTiming()
+		w.mu.Lock()
+		if !w.watchersClosed {
+			w.watchers.Go(func() { kernelwire.CheckAgentPort(w.reachCtx, "127.0.0.1", port, name, w.sink, tm) })
+		}
+		w.mu.Unlock()
 	}
 	w.b.wg.Go(w.supervise)
 }

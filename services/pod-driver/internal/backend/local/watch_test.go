@@ -554,3 +554,42 @@ func TestCloseEndsWatchSessions(t *testing.T) {
 		}
 	}
 }
+
+// An agent that does not listen on its catalog port is reported once, as a
+// progress notice naming it and the setting (19.5); an agent that listens
+// is not.
+func TestWatchAgentPortChecked(t *testing.T) {
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sleep, err = filepath.Abs(sleep); err != nil {
+		t.Fatal(err)
+	}
+	b := newWatchBackend(t, func(o *Options) { o.ReachDeadline = 500 * time.Millisecond })
+	spec := webWorker(0)
+	port := freePort(t)
+	spec.Agent = &backend.Agent{Name: "helper", Image: sleep + " 1000", Port: port}
+	rec := newRecorder()
+	w := startWatch(t, b, spec, rec)
+	want := fmt.Sprintf("agent helper is not listening on port %d", port)
+	notices := func() (n int) { // rec.mu held
+		for _, p := range rec.progress {
+			if strings.HasPrefix(p.message, want) && p.app == "" && strings.Contains(p.message, "RUNNER_APPS.helper.port") {
+				n++
+			}
+		}
+		return n
+	}
+	rec.waitFor(t, "the agent port notice", func() bool { return notices() == 1 })
+	time.Sleep(time.Second) // no second notice
+	rec.mu.Lock()
+	n := notices()
+	rec.mu.Unlock()
+	if n != 1 {
+		t.Errorf("agent port notices = %d, want 1", n)
+	}
+	if err := w.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
