@@ -492,7 +492,9 @@ func (o *owned) endStatus(in intent, exit backend.Exit) *contract.Status {
 		msg := o.failMsg
 		o.mu.Unlock()
 		return &contract.Status{Kind: contract.StatusFailed, Message: msg}
-	case in == intentFinished && !o.shutdown.Load() && !o.userStopped():
+	case in == intentFinished && exit.Stopped && !o.shutdown.Load() && !o.userStopped():
+		// Stopped because its generation ended; a workload that ended on
+		// its own first maps as any other below.
 		o.mu.Lock()
 		code := *o.finished
 		o.mu.Unlock()
