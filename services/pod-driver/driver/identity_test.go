@@ -76,8 +76,12 @@ func TestClaimIdentityAfterKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	id.release()
-	// flock(1) holds the same lock in another process until it is killed.
-	holder := exec.Command("flock", "-x", "-o", dir+"/"+identitiesDirName+"/driver-victim.lock", "sleep", "600")
+	// Another process holds the same lock until it is killed: the shell
+	// locks its fd 9 with flock(1), then becomes sleep holding that fd — one
+	// process, so the kill releases the lock. (`flock -o file sleep` forks:
+	// under load its child still held the descriptor when the parent was
+	// killed, and the lock outlived the kill.)
+	holder := exec.Command("sh", "-c", `exec 9>"$1" && flock -x 9 && exec sleep 600`, "sh", dir+"/"+identitiesDirName+"/driver-victim.lock")
 	if err := holder.Start(); err != nil {
 		t.Fatalf("start flock: %v", err)
 	}
