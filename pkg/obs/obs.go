@@ -6,10 +6,12 @@ package obs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strings"
 	"time"
 
@@ -58,19 +60,57 @@ func Mount(mux *http.ServeMux, reg prometheus.Gatherer, ready Ready) {
 	})
 }
 
-// Serve runs an ops listener on addr until ctx ends ("" disables it).
-func Serve(ctx context.Context, addr string, reg prometheus.Gatherer, ready Ready) error {
+// PprofVar turns on /debug/pprof on a service's ops listener.
+const PprofVar = "RUNNER_PPROF"
+
+// PprofEnabled reads RUNNER_PPROF: true, 1 or yes turn the profiler on;
+// unset, empty, false, 0 or no leave it off; anything else is an error
+// naming the variable.
+func PprofEnabled(lookup func(string) (string, bool)) (bool, error) {
+	raw, _ := lookup(PprofVar)
+	switch strings.ToLower(strings.TrimSpace(raw)) {
+	case "true", "1", "yes":
+		return true, nil
+	case "", "false", "0", "no":
+		return false, nil
+	}
+	return false, fmt.Errorf("%s: must be true, 1, yes, false, 0 or no, got %q", PprofVar, raw)
+}
+
+// MountPprof adds the runtime profiler (net/http/pprof) under
+// /debug/pprof/ to mux: the index, every named profile (heap, allocs,
+// goroutine, …; ?gc=1 on heap collects first), cmdline, profile (CPU),
+// symbol and trace. Only when RUNNER_PPROF asks for it: a profile shows
+// the process's memory and a CPU profile costs while it runs.
+func MountPprof(mux *http.ServeMux) {
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+}
+
+// Serve runs an ops listener on addr until ctx ends ("" disables it), with
+// /debug/pprof when withPprof.
+func Serve(ctx context.Context, addr string, reg prometheus.Gatherer, ready Ready, withPprof bool) error {
 	if addr == "" {
 		<-ctx.Done()
 		return nil
 	}
-	mux := http.NewServeMux()
-	Mount(mux, reg, ready)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
+	return serve(ctx, ln, reg, ready, withPprof)
+}
+
+func serve(ctx context.Context, ln net.Listener, reg prometheus.Gatherer, ready Ready, withPprof bool) error {
+	mux := http.NewServeMux()
+	Mount(mux, reg, ready)
+	if withPprof {
+		MountPprof(mux)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

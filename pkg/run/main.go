@@ -31,7 +31,8 @@ type Env struct {
 // context, the logger (LOG_LEVEL, LOG_FORMAT), a NATS connection to
 // RUNNER_NATS_URL (authenticated with the nkey seed in the file
 // RUNNER_NATS_NKEY_FILE as the service's bus role; empty = anonymous), the
-// ops listener (RUNNER_OPS_ADDR) and serve. A failure exits 1. It does not
+// ops listener (RUNNER_OPS_ADDR; /debug/pprof when RUNNER_PPROF=true) and
+// serve. A failure exits 1. It does not
 // return.
 func Main(name string, configErr error, serve func(ctx context.Context, env Env) error) {
 	if version.Requested(os.Args[1:]) {
@@ -43,6 +44,11 @@ func Main(name string, configErr error, serve func(ctx context.Context, env Env)
 		os.Exit(2)
 	}
 	limits, err := bus.LoadLimits(os.LookupEnv)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	withPprof, err := obs.PprofEnabled(os.LookupEnv)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
@@ -69,7 +75,9 @@ func Main(name string, configErr error, serve func(ctx context.Context, env Env)
 		defer nc.Close()
 		reg := obs.NewRegistry()
 		g := NewGroup(ctx)
-		g.Go("ops", func(ctx context.Context) error { return obs.Serve(ctx, os.Getenv("RUNNER_OPS_ADDR"), reg, nil) })
+		g.Go("ops", func(ctx context.Context) error {
+			return obs.Serve(ctx, os.Getenv("RUNNER_OPS_ADDR"), reg, nil, withPprof)
+		})
 		g.Go(name, func(ctx context.Context) error {
 			defer g.Cancel()
 			return serve(ctx, Env{NC: nc, Logger: log, Registry: reg, Limits: limits})

@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -78,6 +79,7 @@ type want struct {
 	replicas        map[string]int64
 	apiEdgePort     int64
 	opsPort         int64
+	pprof           bool // RUNNER_PPROF of every service
 	// noSessionGuards: the session NetworkPolicy and ResourceQuota are
 	// switched off; ingressNS is the ingress controller's namespace.
 	noSessionGuards bool
@@ -126,7 +128,7 @@ var installs = []install{
 			imagePrefix: "registry.example.com/telo/", tag: "1.2.3", pullPolicy: "Always", natsReplicas: 5, streamReplicas: "3",
 			credSecret: "bus-credentials", secrets: []string{"bus-credentials", "edge-apps", "edge-terms"},
 			kernelImage: "registry.example.com/kernel:9", workspaceImage: "registry.example.com/ws:7",
-			apiEdgePort: 9090, opsPort: 9191, ingressNS: "ingress-nginx", dnsNS: "dns-system",
+			apiEdgePort: 9090, opsPort: 9191, pprof: true, ingressNS: "ingress-nginx", dnsNS: "dns-system",
 			blockedCIDRs: append(slices.Clone(defaultBlocked), "198.18.0.0/15"),
 			extraNATSClients: []any{map[string]any{
 				"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": "audit"}},
@@ -535,6 +537,7 @@ func checkObjects(f failer, ch *chart.Chart, objs []*unstructured.Unstructured, 
 		if c != "api-edge" {
 			wantEnv["RUNNER_OPS_ADDR"] = fmt.Sprintf(":%d", w.opsPort)
 		}
+		wantEnv["RUNNER_PPROF"] = strconv.FormatBool(w.pprof)
 		checkProbes(f, in.name+": "+c, ctr, probePort, map[string]int64{"http": w.apiEdgePort, "ops": w.opsPort}[probePort])
 		for k, v := range wantEnv {
 			if got, ok := env[k]; !ok || got != v {

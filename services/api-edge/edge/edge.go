@@ -106,6 +106,9 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 		}
 		return nil
 	})
+	if cfg.Pprof {
+		obs.MountPprof(mux)
+	}
 	mux.Handle("/", api)
 
 	ln := d.Listener

@@ -43,6 +43,7 @@ type Config struct {
 	DisplayName       string        // RUNNER_DISPLAY_NAME
 	Description       string        // RUNNER_DESCRIPTION
 	Image             string        // RUNNER_IMAGE: default kernel image
+	Pprof             bool          // RUNNER_PPROF: /debug/pprof beside /metrics (off by default)
 }
 
 // Watch holds the watch-session settings.
@@ -124,6 +125,7 @@ func LoadOver(base Config, lookupEnv func(string) (string, bool)) (Config, error
 	p.duration("RUNNER_EXIT_TTL_MS", time.Millisecond, &c.ExitTTL)
 	p.positiveInt64("RUNNER_REPLAY_BUFFER_BYTES", &c.ReplayBufferBytes)
 	p.positiveInt64("RUNNER_BODY_LIMIT_BYTES", &c.BodyLimitBytes)
+	p.boolean("RUNNER_PPROF", &c.Pprof)
 	if raw := p.str("RUNNER_CORS_ORIGINS"); raw != "" {
 		cors, err := parseCORS(raw)
 		p.fail("RUNNER_CORS_ORIGINS", err)

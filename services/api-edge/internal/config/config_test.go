@@ -85,6 +85,8 @@ func TestLoad(t *testing.T) {
 		{"watch False", map[string]string{"RUNNER_WATCH_SESSIONS": "False"}, func(c *Config) {}},
 		{"watch 0", map[string]string{"RUNNER_WATCH_SESSIONS": "0"}, func(c *Config) {}},
 		{"watch no", map[string]string{"RUNNER_WATCH_SESSIONS": "no"}, func(c *Config) {}},
+		{"pprof true", map[string]string{"RUNNER_PPROF": "true"}, func(c *Config) { c.Pprof = true }},
+		{"pprof false", map[string]string{"RUNNER_PPROF": "false"}, func(c *Config) {}},
 		{"watch settings", map[string]string{
 			"RUNNER_WATCH_IDLE_SECONDS":           "60",
 			"RUNNER_WATCH_MAX_TTL_SECONDS":        "7200",
@@ -177,6 +179,7 @@ func TestLoadErrors(t *testing.T) {
 		{"checkpoint word", map[string]string{"RUNNER_WORKSPACE_CHECKPOINT_SECONDS": "often"}, "RUNNER_WORKSPACE_CHECKPOINT_SECONDS", `got "often"`},
 		{"watch bool on", map[string]string{"RUNNER_WATCH_SESSIONS": "on"}, "RUNNER_WATCH_SESSIONS", `must be true, 1, yes, false, 0 or no, got "on"`},
 		{"watch bool y", map[string]string{"RUNNER_WATCH_SESSIONS": "y"}, "RUNNER_WATCH_SESSIONS", `got "y"`},
+		{"pprof on", map[string]string{"RUNNER_PPROF": "on"}, "RUNNER_PPROF", `must be true, 1, yes, false, 0 or no, got "on"`},
 		{"registry not a url", map[string]string{"TELO_REGISTRY_URL": "registry.telo.run"}, "TELO_REGISTRY_URL", `got "registry.telo.run"`},
 		{"registry bad scheme", map[string]string{"TELO_REGISTRY_URL": "ftp://registry.telo.run"}, "TELO_REGISTRY_URL", `must be an absolute http or https URL`},
 		{"cors only commas", map[string]string{"RUNNER_CORS_ORIGINS": " , ,"}, "RUNNER_CORS_ORIGINS", "no origin"},
