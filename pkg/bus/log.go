@@ -107,6 +107,28 @@ func (l *Log) Forget(subject string) {
 	l.mu.Unlock()
 }
 
+// ForgetAll drops the cached tail of every subject pattern matches (a
+// subject, or a prefix ending in ".>"): what this process knows of a
+// session's end once it will not write there soon. The next Append to such
+// a subject reads its tail from the stream again, so forgetting is always
+// safe; it costs only that read.
+func (l *Log) ForgetAll(pattern string) {
+	l.mu.Lock()
+	for k := range l.tails {
+		if k == pattern || subjectMatches(pattern, k) {
+			delete(l.tails, k)
+		}
+	}
+	l.mu.Unlock()
+}
+
+// Cached is how many subjects' tails this process holds.
+func (l *Log) Cached() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.tails)
+}
+
 // Append publishes data as the next entry of subject and returns its
 // Runner-Seq. hdr may carry extra headers; it is modified.
 //
@@ -302,6 +324,7 @@ func (l *Log) scan(ctx context.Context, subject string, from uint64, fn func(Ent
 	if err != nil {
 		return fmt.Errorf("scan %s: %w", subject, err)
 	}
+	defer deleteConsumer(l.js, l.stream, c)
 	it, err := c.Messages(jetstream.PullMaxMessages(512))
 	if err != nil {
 		return fmt.Errorf("scan %s: %w", subject, err)
@@ -361,13 +384,7 @@ func (l *Log) Purge(ctx context.Context, subject string) error {
 	if err := s.Purge(ctx, jetstream.WithPurgeSubject(subject)); err != nil {
 		return fmt.Errorf("purge %s: %w", subject, err)
 	}
-	l.mu.Lock()
-	for k := range l.tails {
-		if k == subject || subjectMatches(subject, k) {
-			delete(l.tails, k)
-		}
-	}
-	l.mu.Unlock()
+	l.ForgetAll(subject)
 	return nil
 }
 

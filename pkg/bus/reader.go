@@ -49,6 +49,10 @@ type Reader struct {
 	stop    func() bool
 	after   uint64
 	started bool
+
+	js     jetstream.JetStream
+	stream string
+	c      jetstream.Consumer
 }
 
 // Read opens a reader over subject that yields entries with Runner-Seq
@@ -76,7 +80,7 @@ func (l *Log) Read(ctx context.Context, subject string, after uint64) (*Reader, 
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", subject, err)
 	}
-	return &Reader{it: it, stop: context.AfterFunc(ctx, it.Stop), after: after}, nil
+	return &Reader{it: it, stop: context.AfterFunc(ctx, it.Stop), after: after, js: l.js, stream: l.stream, c: c}, nil
 }
 
 // Next blocks until the next entry. gap is true on the first entry returned
@@ -106,10 +110,32 @@ func (r *Reader) Next() (e Entry, gap bool, pending uint64, err error) {
 	}
 }
 
-// Close stops the reader and releases its consumer.
+// Close stops the reader and deletes its consumer on the server. An
+// ordered consumer left alone lingers for its inactive threshold (five
+// minutes), and a stream takes at most 1,000 consumers by default: past
+// 1,000 reads in five minutes every further one was refused "maximum
+// consumers limit reached" (issue 20's benchmark found it at 10,000
+// sessions). A failed delete leaves the consumer to its threshold.
 func (r *Reader) Close() {
 	r.stop()
 	r.it.Stop()
+	deleteConsumer(r.js, r.stream, r.c)
+}
+
+// deleteConsumer deletes an ordered consumer this process is done with
+// (after its iterator or consume context stopped); best effort, bounded
+// by two seconds.
+func deleteConsumer(js jetstream.JetStream, stream string, c jetstream.Consumer) {
+	if c == nil {
+		return
+	}
+	info := c.CachedInfo()
+	if info == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = js.DeleteConsumer(ctx, stream, info.Name)
 }
 
 // ReadRange calls fn, in order, for the retained entries of subject with
@@ -382,8 +408,9 @@ func (l *Log) Follow(ctx context.Context, subject string, fn func(Entry)) (tail 
 	// The consumer is created by the stream's leader: wait for one while a
 	// cluster elects it.
 	var cc jetstream.ConsumeContext
-	err = Retry(ctx, tailPatience, func(context.Context) error {
-		c, err := l.js.OrderedConsumer(ctx, l.stream, jetstream.OrderedConsumerConfig{
+	var c jetstream.Consumer
+	err = Retry(ctx, tailPatience, func(context.Context) (err error) {
+		c, err = l.js.OrderedConsumer(ctx, l.stream, jetstream.OrderedConsumerConfig{
 			FilterSubjects: []string{subject},
 			DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 			OptStartSeq:    start,
@@ -404,5 +431,6 @@ func (l *Log) Follow(ctx context.Context, subject string, fn func(Entry)) (tail 
 		return 0, nil, fmt.Errorf("follow %s: %w", subject, err)
 	}
 	unhook := context.AfterFunc(ctx, cc.Stop)
-	return tail, func() { unhook(); cc.Stop() }, nil
+	// Stopping also deletes the consumer (see Reader.Close).
+	return tail, func() { unhook(); cc.Stop(); deleteConsumer(l.js, l.stream, c) }, nil
 }

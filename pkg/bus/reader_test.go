@@ -132,3 +132,52 @@ func TestFollowSkipsRefusedPublishes(t *testing.T) {
 		t.Fatal("no entry followed")
 	}
 }
+
+// TestClosedReadersLeaveNoConsumer: a stream takes at most 1,000
+// consumers by default and an ordered consumer nobody deletes lingers for
+// five minutes, so 1,000 reads in a row used to make every following read
+// fail "maximum consumers limit reached" (an SSE client of an ended
+// session then got an empty 200). Closed readers and stopped follows (the
+// edge's hub) leave no consumer: 1,200 of each in a row all work, and none
+// is left on the stream.
+func TestClosedReadersLeaveNoConsumer(t *testing.T) {
+	js := setup(t, bus.Limits{})
+	ctx := context.Background()
+	log := bus.NewLog(js, bus.StreamEvents, 1<<20)
+	const sessions = 1200
+	for i := range sessions {
+		if _, err := log.Append(ctx, bus.EventsSubject(fmt.Sprintf("r%011d", i)), []byte("e"), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range sessions {
+		r, err := log.Read(ctx, bus.EventsSubject(fmt.Sprintf("r%011d", i)), 0)
+		if err != nil {
+			t.Fatalf("read %d: %v", i, err)
+		}
+		e, _, _, err := r.Next()
+		r.Close()
+		if err != nil || e.Seq != 1 || string(e.Data) != "e" {
+			t.Fatalf("read %d: entry %d %q, %v; want 1 \"e\"", i, e.Seq, e.Data, err)
+		}
+	}
+	// The edge's hub follows a subject through an ordered consumer too.
+	for i := range sessions {
+		tail, stop, err := log.Follow(ctx, bus.EventsSubject(fmt.Sprintf("r%011d", i)), func(bus.Entry) {})
+		if err != nil || tail != 1 {
+			t.Fatalf("follow %d: tail %d, %v; want 1", i, tail, err)
+		}
+		stop()
+	}
+	s, err := js.Stream(ctx, bus.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Consumers != 0 {
+		t.Fatalf("%d consumers left on %s after every reader was closed, want 0", info.State.Consumers, bus.StreamEvents)
+	}
+}

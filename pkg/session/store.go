@@ -261,7 +261,21 @@ func (s *Store) deliver(ctx context.Context, id string, pending []PendingStatus,
 	if failed != nil {
 		return fmt.Errorf("deliver status events of %s: %w", id, failed)
 	}
+	if pending[len(pending)-1].Status.Terminal() {
+		s.Release(id) // nothing follows the terminal status
+	}
 	return nil
+}
+
+// Release drops what this process caches about session id's logs (the
+// tails of its event subject and io subjects), once it has nothing more to
+// write there: the terminal status is in the log, or the edge appended its
+// creation notices. Whatever is needed later is read from JetStream again.
+// Kept, each retained session would cost every service that ever wrote to
+// it a tail and its replay window's index, until eviction (issue 20).
+func (s *Store) Release(id string) {
+	s.Events.Forget(bus.EventsSubject(id))
+	s.IO.ForgetAll(bus.IOSubjects(id))
 }
 
 // PutBundle stores a session's bundle.

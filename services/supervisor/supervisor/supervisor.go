@@ -210,6 +210,11 @@ func (s *sup) reconcileOne(ctx context.Context, rec session.Record) {
 	}
 	switch {
 	case rec.Status.Terminal():
+		// An ended session costs this replica nothing until its eviction.
+		s.store.Release(rec.ID)
+		s.mu.Lock()
+		delete(s.lastCheckpoint, rec.ID)
+		s.mu.Unlock()
 		if rec.ExitedAt != nil && now.Sub(*rec.ExitedAt) >= s.cfg.ExitTTL {
 			s.evict(ctx, rec.ID, "exit TTL")
 		}

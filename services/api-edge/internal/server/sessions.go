@@ -222,6 +222,7 @@ func (s *Server) admitAndStart(c *gin.Context, mode string, apps []session.App, 
 			return
 		}
 	}
+	s.store.Release(id) // the driver writes the rest: keep no tail here
 	if err := s.publishStart(ctx, id); err != nil {
 		s.fail(c, err)
 		return

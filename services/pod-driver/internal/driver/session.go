@@ -44,7 +44,7 @@ type owned struct {
 	pumpsClosed bool // the session ended: no new pump opens
 	proj        *projection.Projection
 
-	events  chan contract.Event // ordered emission queue
+	events  *evQueue // ordered emission queue
 	evDone  chan struct{}
 	flushMu sync.Mutex
 	// evMu guards sends on events against its close: senders hold it
@@ -171,7 +171,7 @@ func (d *Driver) own(ctx context.Context, c command) {
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	o := &owned{d: d, id: id, mode: rec.Mode, rec: rec, log: log, store: store, ctx: sctx, cancel: cancel, adopting: plan == planAdopt,
-		pumps: map[string]*iopump.Pump{}, events: make(chan contract.Event, 4096), evDone: make(chan struct{})}
+		pumps: map[string]*iopump.Pump{}, events: newEvQueue(), evDone: make(chan struct{})}
 	if rc, ok := d.o.Backend.(recoverer); ok && rec.Mode == contract.ModeWatch {
 		o.keepWorkspace = rc.WorkspaceIntact(id, rec.Driver)
 	}
@@ -263,6 +263,9 @@ func (o *owned) run(ownerRev uint64) {
 	if !o.lost.Load() {
 		_ = o.store.Owners.Delete(context.Background(), o.id, jetstream.LastRevision(o.ownerRev.Load()))
 	}
+	// Nothing more is written for this session here: what the edge serves
+	// of it later comes from JetStream.
+	o.store.Release(o.id)
 }
 
 // adopter is a backend that can re-attach to a workload whose driver died
@@ -679,7 +682,7 @@ func (o *owned) send(ev contract.Event) bool {
 		}
 		return false
 	}
-	o.events <- ev
+	o.events.push(ev)
 	return true
 }
 
@@ -689,14 +692,18 @@ func (o *owned) closeEvents() {
 	defer o.evMu.Unlock()
 	if !o.evClosed {
 		o.evClosed = true
-		close(o.events)
+		o.events.close()
 	}
 }
 
 // emitLoop appends queued events in order.
 func (o *owned) emitLoop() {
 	defer close(o.evDone)
-	for ev := range o.events {
+	for {
+		ev, ok := o.events.pop()
+		if !ok {
+			return
+		}
 		if ev.Type == "" { // flush marker
 			o.flushMu.Unlock()
 			continue
