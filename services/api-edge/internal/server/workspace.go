@@ -350,6 +350,7 @@ func (s *Server) resume(c *gin.Context) {
 		r.StartRequestedAt = &now
 		return nil
 	})
+	s.store.Release(id) // the driver writes the rest: keep no tail here
 	if err != nil {
 		s.fail(c, err)
 		return
