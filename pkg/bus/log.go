@@ -2,6 +2,7 @@ package bus
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -354,11 +355,7 @@ func (l *Log) scan(ctx context.Context, subject string, from uint64, fn func(Ent
 func (l *Log) Tail(ctx context.Context, subject string) (uint64, error) {
 	var seq uint64
 	err := Retry(ctx, tailPatience, func(ctx context.Context) error {
-		s, err := l.handle(ctx)
-		if err != nil {
-			return err
-		}
-		m, err := s.GetLastMsgForSubject(ctx, subject)
+		hdr, err := l.lastBySubject(ctx, subject)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			seq = 0
 			return nil
@@ -366,13 +363,50 @@ func (l *Log) Tail(ctx context.Context, subject string) (uint64, error) {
 		if err != nil {
 			return err
 		}
-		seq = parseSeq(m.Header)
+		seq = parseSeq(hdr)
 		return nil
 	})
 	if err != nil {
 		return 0, fmt.Errorf("tail %s: %w", subject, err)
 	}
 	return seq, nil
+}
+
+// lastBySubject reads the headers of subject's newest entry from the
+// stream's leader (STREAM.MSG.GET). Not a direct get: with replicas, any
+// replica answers those, and one that has not stored the newest entries
+// yet answers an older one (a three-node test read 3 after 5 acknowledged
+// appends) — a tail read low would open a gap between the replay and the
+// live entries.
+func (l *Log) lastBySubject(ctx context.Context, subject string) (nats.Header, error) {
+	req, err := json.Marshal(map[string]string{"last_by_subj": subject})
+	if err != nil {
+		return nil, err
+	}
+	m, err := l.js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+l.stream, req)
+	if err != nil {
+		return nil, err
+	}
+	var resp struct {
+		Error   *jetstream.APIError `json:"error"`
+		Message *struct {
+			Header []byte `json:"hdrs"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return nil, fmt.Errorf("decode message get: %w", err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return nil, jetstream.ErrMsgNotFound
+	case resp.Error != nil:
+		return nil, resp.Error
+	case resp.Message == nil:
+		return nil, errors.New("message get: empty answer")
+	case len(resp.Message.Header) == 0:
+		return nats.Header{}, nil
+	}
+	return nats.DecodeHeadersMsg(resp.Message.Header)
 }
 
 // Purge deletes every entry of subject (session eviction).
