@@ -185,7 +185,10 @@ func TestSandboxMemoryCeiling(t *testing.T) {
 // TestSandboxRunTimeCeiling: a session that would run forever is ended at
 // its run-time ceiling and fails with the time-limit message.
 func TestSandboxRunTimeCeiling(t *testing.T) {
-	const ttl = time.Second
+	// 3 s: the workload must print before the ceiling ends it, and a
+	// sandboxed start of the race-built binary on a loaded machine took
+	// more than 1 s.
+	const ttl = 3 * time.Second
 	b, _ := newHostileBackend(t, func(o *Options) {
 		o.RunCeilings = Ceilings{TTL: ttl, MemoryBytes: 100 << 20}
 		o.StopGrace = 500 * time.Millisecond
