@@ -206,6 +206,11 @@ func TestPutAppsTakeTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The server knows the subscription before the edge asks (Subscribe
+	// alone returns before it does).
+	if err := e.driverNC.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
 	res = e.do(t, http.MethodPut, "/v1/sessions/"+id+"/apps", put, nil)
 	took := time.Since(start)
@@ -229,6 +234,9 @@ func TestPutAppsTakeTimeout(t *testing.T) {
 		t.Fatal("the driver never got the change")
 	}
 	_ = sub.Unsubscribe()
+	if err := e.driverNC.Flush(); err != nil {
+		t.Fatal(err)
+	}
 
 	for _, tc := range []struct {
 		reply  string
@@ -242,10 +250,16 @@ func TestPutAppsTakeTimeout(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if err := e.driverNC.Flush(); err != nil {
+			t.Fatal(err)
+		}
 		res := e.do(t, http.MethodPut, "/v1/sessions/"+id+"/apps", put, nil)
 		if res.status != tc.status || !strings.Contains(string(res.body), tc.want) {
 			t.Errorf("PUT apps answered %s = %d %s, want %d with %s", tc.reply, res.status, res.body, tc.status, tc.want)
 		}
 		_ = sub.Unsubscribe()
+		if err := e.driverNC.Flush(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
