@@ -1,12 +1,15 @@
 package driver
 
 import (
-	"github.com/telorunner/telorunner/pkg/testkit"
+	"fmt"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/telorunner/telorunner/pkg/testkit"
 )
 
 func TestLoadConfigOwnerTTL(t *testing.T) {
@@ -86,7 +89,14 @@ func TestClaimIdentityAfterKill(t *testing.T) {
 		t.Fatalf("start flock: %v", err)
 	}
 	t.Cleanup(func() { _ = holder.Process.Kill(); _ = holder.Wait() })
+	// Ready when the lock is held and the holder is sleep itself: until
+	// then flock(1), a child of the shell, may still be alive with the
+	// descriptor and would outlive the kill.
 	testkit.Eventually(t, 10*time.Second, func() bool {
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", holder.Process.Pid))
+		if strings.TrimSpace(string(comm)) != "sleep" {
+			return false
+		}
 		probe, err := claimIdentity(dir, "driver-victim")
 		if err != nil {
 			return true // held by the other process
