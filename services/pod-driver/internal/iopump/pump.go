@@ -3,6 +3,9 @@
 // channel appends them, coalescing everything that arrived while the
 // previous append was in flight into chunks of at most 64 KiB (7.6), so a
 // fast producer costs one bus round trip per 64 KiB rather than per read.
+// While output streams, a chunk not yet full lingers a moment for more
+// bytes (see linger): an entry's cost on the bus is mostly per entry, not
+// per byte.
 package iopump
 
 import (
@@ -35,10 +38,20 @@ type Pump struct {
 	free    [][]byte // entry buffers to reuse
 	closed  bool
 	done    chan struct{}
+	waited  bool // the linger of the batch being gathered is over
 }
 
 // maxFree bounds the entry buffers kept for reuse (each 64 KiB + 1).
 const maxFree = 16
+
+// While output streams — the previous append ended less than streamGap
+// ago — a batch smaller than one full chunk waits up to linger for more
+// bytes before it is appended. A write after a pause (an echoed
+// keystroke, a log line) is appended at once.
+const (
+	linger    = 2 * time.Millisecond
+	streamGap = 10 * time.Millisecond
+)
 
 // New starts a pump appending to subject. limit bounds the bytes waiting
 // for the bus (default 4 MiB); a writer beyond it waits.
@@ -105,6 +118,7 @@ func (p *Pump) Close() {
 func (p *Pump) run() {
 	defer close(p.done)
 	var batch [][]byte
+	var lastEnd time.Time
 	for {
 		p.mu.Lock()
 		for len(p.entries) == 0 && !p.closed {
@@ -113,6 +127,19 @@ func (p *Pump) run() {
 		if len(p.entries) == 0 && p.closed {
 			p.mu.Unlock()
 			return
+		}
+		if p.bytes < MaxChunk && !p.closed && time.Since(lastEnd) < streamGap {
+			p.waited = false
+			t := time.AfterFunc(linger, func() {
+				p.mu.Lock()
+				p.waited = true
+				p.cond.Broadcast()
+				p.mu.Unlock()
+			})
+			for p.bytes < MaxChunk && !p.closed && !p.waited {
+				p.cond.Wait()
+			}
+			t.Stop()
 		}
 		// Take every waiting entry: writers start new ones meanwhile.
 		batch, p.entries = p.entries, batch[:0]
@@ -123,6 +150,7 @@ func (p *Pump) run() {
 		for _, e := range batch {
 			p.append(e)
 		}
+		lastEnd = time.Now()
 		p.mu.Lock()
 		for i, e := range batch {
 			if len(p.free) < maxFree {
