@@ -10,6 +10,7 @@ import (
 	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/session"
+	"github.com/telorunner/telorunner/pkg/testkit"
 )
 
 // statusKinds lists the status events of a session, in order.
@@ -62,9 +63,15 @@ func TestAdoptRacingStartOfResumedSessionStartsIt(t *testing.T) {
 		}
 		e.waitStatus(t, id, contract.StatusRunning)
 		// (An adopt that wins may take the recovery path, which records
-		// starting again first; it never records failed.)
-		kinds := e.statusKinds(t, id)
-		if len(kinds) == 0 || kinds[len(kinds)-1] != contract.StatusRunning || slices.Contains(kinds, contract.StatusFailed) {
+		// starting again first; it never records failed.) The record turns
+		// running before its event is appended (the status outbox): wait
+		// for the event too.
+		var kinds []string
+		testkit.Eventually(t, 30*time.Second, func() bool {
+			kinds = e.statusKinds(t, id)
+			return len(kinds) > 0 && kinds[len(kinds)-1] == contract.StatusRunning
+		}, "%v: the running status event", order)
+		if slices.Contains(kinds, contract.StatusFailed) {
 			t.Fatalf("%v: status events = %v, want ending running, never failed", order, kinds)
 		}
 	}
