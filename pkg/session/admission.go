@@ -223,6 +223,79 @@ func (s *Store) Admitted(ctx context.Context, id string) error {
 	return err
 }
 
+// Unadmit gives back the slot Admit reserved for id when its record could
+// not be written (the id was already in use): the creation did not happen.
+func (s *Store) Unadmit(ctx context.Context, id string) error {
+	_, err := s.updateLedger(ctx, func(l *Ledger) error {
+		if _, ok := l.Pending[id]; !ok {
+			return bus.ErrNoChange
+		}
+		delete(l.Pending, id)
+		delete(l.Watch, id)
+		l.Total = max(0, l.Total-1)
+		return nil
+	})
+	return err
+}
+
+// AdmittedSoon is Admitted off the caller's path: the ids queued while an
+// update is in flight are marked complete together, by one compare-and-set
+// of the ledger's head, so a create does not wait for it. An id whose
+// update never lands (the process died, the bus stayed away) stays
+// pending until a later Admit finds its record and drops it (orphanGrace).
+func (s *Store) AdmittedSoon(id string) {
+	s.admitted.mu.Lock()
+	defer s.admitted.mu.Unlock()
+	s.admitted.ids = append(s.admitted.ids, id)
+	if !s.admitted.running {
+		s.admitted.running = true
+		go s.flushAdmitted()
+	}
+}
+
+// admittedQueue holds the ids AdmittedSoon has not marked yet.
+type admittedQueue struct {
+	mu      sync.Mutex
+	ids     []string
+	running bool // a flushAdmitted goroutine owns the queue
+}
+
+// flushAdmitted marks the queued ids admitted until the queue is empty.
+func (s *Store) flushAdmitted() {
+	q := &s.admitted
+	for {
+		q.mu.Lock()
+		ids := q.ids
+		q.ids = nil
+		if len(ids) == 0 {
+			q.running = false
+			q.mu.Unlock()
+			return
+		}
+		q.mu.Unlock()
+		wait := 50 * time.Millisecond
+		for attempt := 0; ; attempt++ {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, err := s.updateLedger(ctx, func(l *Ledger) error {
+				n := len(l.Pending)
+				for _, id := range ids {
+					delete(l.Pending, id)
+				}
+				if len(l.Pending) == n {
+					return bus.ErrNoChange
+				}
+				return nil
+			})
+			cancel()
+			if err == nil || attempt == 5 {
+				break // given up: a later Admit drops them (orphanGrace)
+			}
+			time.Sleep(wait)
+			wait *= 2
+		}
+	}
+}
+
 // pickVictim finds the oldest reclaimable session: the first valid entry
 // of each reclaim class after its cursor, the older of the two. Entries
 // passed over (deleted, evicted, no longer of their class) and the victim

@@ -39,6 +39,8 @@ type Store struct {
 	admIndex jetstream.Stream
 	// ledgerSeen is the admission ledger's head as this store last saw it.
 	ledgerSeen seenLedger
+	// admitted queues AdmittedSoon's ids.
+	admitted admittedQueue
 
 	// afterStatusCAS, when set (tests), runs between a status transition
 	// and the append of its event; an error ends SetStatus there, as a

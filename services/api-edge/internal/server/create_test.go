@@ -510,3 +510,40 @@ func TestCreateAgent(t *testing.T) {
 		}
 	})
 }
+
+// A drawn id that a record already holds is never used: the record's
+// create refuses it, its slot is given back and another id is drawn; the
+// existing session's record and bundle are untouched. Admission is marked
+// complete off the request's path, and the ledger then holds no pending
+// admission.
+func TestCreateDrawsAgainOnCollision(t *testing.T) {
+	e := newEnv(t, mainVars)
+	ok := terms("v1")
+	first := e.do(t, http.MethodPost, "/v1/sessions", validCreate(set("bundle/files/0/contents", "kind: First\n")), ok).created(t)
+	fresh := contract.NewSessionID()
+	draws := []string{first, first, fresh}
+	e.srv.newID = func() string {
+		id := draws[0]
+		draws = draws[1:]
+		return id
+	}
+	second := e.do(t, http.MethodPost, "/v1/sessions", validCreate(set("bundle/files/0/contents", "kind: Second\n")), ok).created(t)
+	if second != fresh || len(draws) != 0 {
+		t.Fatalf("second session id = %s (draws left %v), want %s after two collisions", second, draws, fresh)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for id, want := range map[string]string{first: "kind: First\n", second: "kind: Second\n"} {
+		b, err := e.store.GetBundle(ctx, id)
+		if err != nil || len(b.Files) != 2 || b.Files[0].Contents != want {
+			t.Fatalf("bundle of %s = %+v, %v; want %q", id, b, err, want)
+		}
+		if r := e.record(t, id); r.ID != id {
+			t.Fatalf("record %s has id %s", id, r.ID)
+		}
+	}
+	testkit.Eventually(t, 10*time.Second, func() bool {
+		l, err := e.store.Ledger(ctx)
+		return err == nil && l.Total == 2 && len(l.Pending) == 0
+	}, "ledger: 2 sessions, no admission pending")
+}

@@ -45,6 +45,8 @@ type Server struct {
 	m        metrics
 	presence presence
 	hub      *hub
+	// newID draws session ids (contract.NewSessionID; tests draw their own).
+	newID func() string
 	// ioHeld is the most payload any one io socket held at once (its send
 	// queue and its hub follower): the slow-client bound, for tests.
 	ioHeld highWater
@@ -57,7 +59,7 @@ type Server struct {
 // New builds the router. Streams end when ctx does.
 func New(ctx context.Context, o Options) *Server {
 	gin.SetMode(gin.ReleaseMode)
-	s := &Server{cfg: o.Config, nc: o.NC, store: o.Store, log: o.Logger, edgeID: o.EdgeID, ctx: ctx}
+	s := &Server{cfg: o.Config, nc: o.NC, store: o.Store, log: o.Logger, edgeID: o.EdgeID, ctx: ctx, newID: contract.NewSessionID}
 	s.m = newMetrics(o.Registry)
 	s.hub = newHub(ctx, func(subject string) *bus.Log {
 		if strings.HasPrefix(subject, bus.SubjectIOPrefix) {

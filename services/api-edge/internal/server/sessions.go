@@ -182,40 +182,30 @@ func (s *Server) createAppSession(c *gin.Context) {
 func (s *Server) admitAndStart(c *gin.Context, mode string, apps []session.App, launch session.Launch, bundle contract.Bundle, notices []string) {
 	ctx := c.Request.Context()
 	now := time.Now().UTC().Truncate(time.Millisecond)
-	id, err := s.freshID(ctx)
-	if err != nil {
-		s.fail(c, err)
-		return
-	}
 	lim := session.Limits{MaxSessions: s.cfg.MaxSessions}
 	if mode == contract.ModeWatch {
 		lim.MaxWatchSessions = s.cfg.Watch.MaxSessions
 	}
-	// Admission reserves the slot first; a slot whose record never appears
-	// (a crash right here) is reclaimed after a grace period.
-	if err := s.store.Admit(ctx, id, mode, lim); err != nil {
-		s.fail(c, err)
-		return
-	}
 	rec := session.Record{
-		ID: id, Mode: mode, Status: contract.Status{Kind: contract.StatusStarting},
+		Mode: mode, Status: contract.Status{Kind: contract.StatusStarting},
 		Apps: apps, CreatedAt: now, IdleSince: &now, Launch: launch, StartRequestedAt: &now,
 	}
 	if launch.AgentSpec != nil {
 		rec.Agent = launch.AgentSpec.Name
 	}
+	id, err := s.admitAndCreate(ctx, rec, lim)
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	// The bundle follows the record: a creation that dies between the two
+	// leaves a session whose start fails (no bundle), never another
+	// session's bundle overwritten.
 	if err := s.store.PutBundle(ctx, id, bundle); err != nil {
 		s.fail(c, err)
 		return
 	}
-	if err := s.store.Create(ctx, rec); err != nil {
-		s.fail(c, fmt.Errorf("create session %s: %w", id, err))
-		return
-	}
-	if err := s.store.Admitted(ctx, id); err != nil {
-		s.fail(c, err)
-		return
-	}
+	s.store.AdmittedSoon(id)
 	for _, n := range notices {
 		if _, err := s.store.Emit(ctx, id, contract.Event{Type: contract.EventProgress, Phase: contract.PhaseProvision, Message: n}); err != nil {
 			s.fail(c, err)
@@ -241,13 +231,26 @@ func (s *Server) publishStart(ctx context.Context, id string) error {
 	return nil
 }
 
-// freshID draws a session id no record uses (5.1).
-func (s *Server) freshID(ctx context.Context) (string, error) {
+// admitAndCreate draws a session id (5.1), reserves its admission slot and
+// writes its record. The record's create is what proves the id unused: a
+// drawn id that a record already holds gives its slot back and another id
+// is drawn (a 60-bit id almost never collides, so no read comes first).
+func (s *Server) admitAndCreate(ctx context.Context, rec session.Record, lim session.Limits) (string, error) {
 	for range 8 {
-		id := contract.NewSessionID()
-		if _, _, err := s.store.Get(ctx, id); errors.Is(err, session.ErrNotFound) {
-			return id, nil
-		} else if err != nil {
+		rec.ID = s.newID()
+		// Admission reserves the slot first; a slot whose record never
+		// appears (a crash right here) is reclaimed after a grace period.
+		if err := s.store.Admit(ctx, rec.ID, rec.Mode, lim); err != nil {
+			return "", err
+		}
+		err := s.store.Create(ctx, rec)
+		if err == nil {
+			return rec.ID, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return "", fmt.Errorf("create session %s: %w", rec.ID, err)
+		}
+		if err := s.store.Unadmit(ctx, rec.ID); err != nil {
 			return "", err
 		}
 	}
