@@ -89,7 +89,7 @@ func (s *Server) events(c *gin.Context) {
 	w.WriteHeader(http.StatusOK)
 	w.Flush()
 
-	st := &sseStream{w: w, last: after, first: true, buf: make([]byte, 0, 4096)}
+	st := &sseStream{w: w, last: after, first: true} // buf grows on the first event: an idle client holds none
 	if done, err := s.replay(ctx, st, subject, upTo); done || err != nil {
 		return
 	}
@@ -122,8 +122,11 @@ func (s *Server) events(c *gin.Context) {
 				return
 			}
 			w.Flush()
-		case e := <-f.ch:
-			f.take(e)
+		case <-f.wake:
+			e, ok := f.next()
+			if !ok {
+				break
+			}
 			if e.Seq <= st.last {
 				continue
 			}
@@ -141,11 +144,11 @@ func (s *Server) events(c *gin.Context) {
 			if err != nil || done {
 				return
 			}
-			if len(f.ch) == 0 {
+			if f.waiting() == 0 {
 				w.Flush()
 			}
 		}
-		if f.lagged.Load() && len(f.ch) == 0 {
+		if f.lagged.Load() && f.waiting() == 0 {
 			f.lagged.Store(false)
 			if done, err := s.replay(ctx, st, subject, f.last()); done || err != nil {
 				return

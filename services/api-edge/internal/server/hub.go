@@ -43,29 +43,83 @@ type topic struct {
 	h       *hub
 }
 
-// follower is one client's live feed.
+// follower is one client's live feed: a queue that holds memory only for
+// the entries waiting (an idle client costs a few words, not a buffer of
+// its bound), and a wake channel the client selects on.
 type follower struct {
-	ch       chan bus.Entry
-	maxBytes int64
-	queued   atomic.Int64 // payload bytes in ch
-	lagged   atomic.Bool  // an entry was dropped: repair from the log
-	t        *topic
+	wake       chan struct{} // cap 1: entries may wait
+	maxEntries int
+	maxBytes   int64
+	queued     atomic.Int64 // payload bytes waiting
+	lagged     atomic.Bool  // an entry was dropped: repair from the log
+	t          *topic
+
+	mu   sync.Mutex
+	q    []bus.Entry // q[head:] wait
+	head int
 }
 
-// take accounts for an entry the client received from ch, and wakes the
-// hub when it waits for room.
-func (f *follower) take(e bus.Entry) {
+// push queues e (the hub's delivery only) and wakes the client.
+func (f *follower) push(e bus.Entry) {
+	f.queued.Add(int64(len(e.Data)))
+	f.mu.Lock()
+	f.q = append(f.q, e)
+	f.mu.Unlock()
+	f.signal()
+}
+
+func (f *follower) signal() {
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
+}
+
+// next takes the oldest waiting entry (false: none), wakes the client again
+// while more wait, and wakes the hub when it waits for room.
+func (f *follower) next() (bus.Entry, bool) {
+	f.mu.Lock()
+	if f.head == len(f.q) {
+		f.mu.Unlock()
+		return bus.Entry{}, false
+	}
+	e := f.q[f.head]
+	f.q[f.head] = bus.Entry{}
+	f.head++
+	more := f.head < len(f.q)
+	if !more {
+		// Drained: keep a small array for the next burst, drop a large one.
+		if cap(f.q) > 64 {
+			f.q = nil
+		} else {
+			f.q = f.q[:0]
+		}
+		f.head = 0
+	}
+	f.mu.Unlock()
+	if more {
+		f.signal()
+	}
 	f.queued.Add(-int64(len(e.Data)))
 	if f.t.waiting.Load() {
 		f.t.h.mu.Lock()
 		f.t.room.Broadcast()
 		f.t.h.mu.Unlock()
 	}
+	return e, true
+}
+
+// waiting counts the entries waiting.
+func (f *follower) waiting() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.q) - f.head
 }
 
 // full reports whether an entry of size bytes would not fit.
 func (f *follower) full(size int64) bool {
-	return len(f.ch) == cap(f.ch) || (f.queued.Load()+size > f.maxBytes && len(f.ch) > 0)
+	n := f.waiting()
+	return n >= f.maxEntries || (f.queued.Load()+size > f.maxBytes && n > 0)
 }
 
 // last is the Runner-Seq of the newest entry the hub passed on (delivered
@@ -110,7 +164,7 @@ func (h *hub) follow(ctx context.Context, subject string, entries int, maxBytes 
 	if t.err != nil {
 		return nil, 0, nil, t.err
 	}
-	f = &follower{ch: make(chan bus.Entry, entries), maxBytes: maxBytes, t: t}
+	f = &follower{wake: make(chan struct{}, 1), maxEntries: entries, maxBytes: maxBytes, t: t}
 	h.mu.Lock()
 	if h.topics[subject] != t {
 		// The topic was stopped while we waited: start again.
@@ -161,8 +215,7 @@ func (h *hub) deliver(t *topic, e bus.Entry) {
 			f.lagged.Store(true)
 			continue
 		}
-		f.queued.Add(size)
-		f.ch <- e // room checked above; only deliver sends
+		f.push(e) // room checked above; only deliver pushes
 	}
 }
 

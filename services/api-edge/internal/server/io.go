@@ -236,8 +236,11 @@ func (s *Server) io(c *gin.Context) {
 				return
 			}
 			draining, drainTail = true, tail
-		case e := <-f.ch:
-			f.take(e)
+		case <-f.wake:
+			e, ok := f.next()
+			if !ok {
+				break
+			}
 			if e.Seq <= delivered {
 				break
 			}
@@ -251,7 +254,7 @@ func (s *Server) io(c *gin.Context) {
 				delivered = e.Seq
 			}
 		}
-		if f.lagged.Load() && len(f.ch) == 0 {
+		if f.lagged.Load() && f.waiting() == 0 {
 			f.lagged.Store(false)
 			if !fill(f.last()) {
 				return
