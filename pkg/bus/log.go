@@ -218,6 +218,185 @@ func (l *Log) Append(ctx context.Context, subject string, data []byte, hdr nats.
 	}
 }
 
+// MaxBatch bounds the entries of one AppendBatch (JetStream's atomic
+// batches hold at most 1,000 messages).
+const MaxBatch = 256
+
+// AppendBatch appends datas (each with its header in hdrs, which may be nil
+// or hold nils) as consecutive entries of subject, in order, and returns
+// the Runner-Seq of the first. The entries travel as one JetStream atomic
+// batch: one round trip for all of them, stored all or none, the first
+// carrying the expected-last-subject-sequence check that fences Append's
+// other writers — so a queue of events costs one wait, not one per event.
+// Every entry has its own Nats-Msg-Id: a batch retried after a lost answer
+// that had landed is recognised, never stored twice.
+func (l *Log) AppendBatch(ctx context.Context, subject string, datas [][]byte, hdrs []nats.Header) (uint64, error) {
+	if len(datas) == 0 {
+		return 0, errors.New("append batch: no entries")
+	}
+	if len(datas) > MaxBatch {
+		return 0, fmt.Errorf("append batch: %d entries, at most %d", len(datas), MaxBatch)
+	}
+	msgs := make([]*nats.Msg, len(datas))
+	for i, d := range datas {
+		var h nats.Header
+		if i < len(hdrs) && hdrs[i] != nil {
+			h = hdrs[i]
+		} else {
+			h = nats.Header{}
+		}
+		if h.Get(jetstream.MsgIDHeader) == "" {
+			h.Set(jetstream.MsgIDHeader, nuid.Next())
+		}
+		msgs[i] = &nats.Msg{Subject: subject, Data: d, Header: h}
+	}
+	if len(msgs) == 1 {
+		return l.Append(ctx, subject, msgs[0].Data, msgs[0].Header)
+	}
+	t := l.tail(subject)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.loaded {
+		if err := l.catchUp(ctx, subject, t); err != nil {
+			return 0, err
+		}
+		t.loaded = true
+	}
+	nc := l.js.Conn()
+	wait := 10 * time.Millisecond
+	first := time.Now()
+	for attempt := 0; ; attempt++ {
+		batch := nuid.Next()
+		for i, m := range msgs {
+			m.Header.Set(HeaderSeq, strconv.FormatUint(t.lastSeq+1+uint64(i), 10))
+			m.Header.Set(headerBatchID, batch)
+			m.Header.Set(headerBatchSeq, strconv.Itoa(i+1))
+			m.Header.Del(headerExpectedLastSubjSeq)
+			m.Header.Del(headerBatchCommit)
+		}
+		msgs[0].Header.Set(headerExpectedLastSubjSeq, strconv.FormatUint(t.lastStreamSeq, 10))
+		last := msgs[len(msgs)-1]
+		last.Header.Set(headerBatchCommit, "1")
+		ack, err := l.publishBatch(ctx, nc, msgs)
+		if err == nil {
+			// A committed batch's entries are consecutive in the stream.
+			n := uint64(len(msgs))
+			for i, m := range msgs {
+				t.win = append(t.win, window{streamSeq: ack.Sequence - n + 1 + uint64(i), size: int64(len(m.Data))})
+				t.bytes += int64(len(m.Data))
+			}
+			firstSeq := t.lastSeq + 1
+			t.lastStreamSeq = ack.Sequence
+			t.lastSeq += n
+			if err := l.trim(ctx, subject, t); err != nil {
+				l.trimFailures.Add(1)
+				slog.Warn("trim log window; retried at the next append", "subject", subject, "err", err)
+			}
+			return firstSeq, nil
+		}
+		if attempt > 1000 || ctx.Err() != nil {
+			return 0, fmt.Errorf("append batch %s: %w", subject, err)
+		}
+		var apiErr *jetstream.APIError
+		switch {
+		case isWrongLastSeq(err):
+			// Another writer appended, or an earlier attempt landed.
+		case errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrCodeBatchDuplicate:
+			// An earlier attempt of this batch landed (its answer was lost):
+			// its entries are the tail's last ones. Learn the tail and
+			// report where the first one is.
+			if err := l.catchUp(ctx, subject, t); err != nil {
+				return 0, err
+			}
+			return l.findEntry(ctx, subject, t, msgs[0].Header.Get(jetstream.MsgIDHeader), len(msgs))
+		case errors.As(err, &apiErr) && apiErr.ErrorCode != jsErrCodeBatchIncomplete:
+			return 0, fmt.Errorf("append batch %s: %w", subject, err)
+		default:
+			// No answer, or a batch message lost on the way (a
+			// reconnect): the batch landed whole or not at all. Publish
+			// it again under the same ids while JetStream remembers them.
+			if time.Since(first) > retryWindow {
+				return 0, fmt.Errorf("append batch %s: no answer for %v: %w", subject, retryWindow, err)
+			}
+			tm := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				tm.Stop()
+				return 0, fmt.Errorf("append batch %s: %w", subject, err)
+			case <-tm.C:
+			}
+			wait = min(2*wait, time.Second)
+		}
+		if err := l.catchUp(ctx, subject, t); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// JetStream's atomic batch headers and the errors AppendBatch tells apart.
+const (
+	headerBatchID             = "Nats-Batch-Id"
+	headerBatchSeq            = "Nats-Batch-Sequence"
+	headerBatchCommit         = "Nats-Batch-Commit"
+	headerExpectedLastSubjSeq = "Nats-Expected-Last-Subject-Sequence"
+	jsErrCodeBatchIncomplete  = jetstream.ErrorCode(10176) // atomic publish batch is incomplete
+	jsErrCodeBatchDuplicate   = jetstream.ErrorCode(10201) // atomic publish batch contains duplicate message id
+)
+
+// publishBatch sends every message but the last without waiting and the
+// last (the commit) as a request: JetStream answers the whole batch once.
+func (l *Log) publishBatch(ctx context.Context, nc *nats.Conn, msgs []*nats.Msg) (*jetstream.PubAck, error) {
+	for _, m := range msgs[:len(msgs)-1] {
+		m.Reply = ""
+		if err := nc.PublishMsg(m); err != nil {
+			return nil, err
+		}
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+	}
+	resp, err := nc.RequestMsgWithContext(ctx, msgs[len(msgs)-1])
+	if err != nil {
+		return nil, err
+	}
+	var r struct {
+		jetstream.PubAck
+		Error *jetstream.APIError `json:"error,omitempty"`
+	}
+	if err := json.Unmarshal(resp.Data, &r); err != nil {
+		return nil, fmt.Errorf("decode batch ack: %w", err)
+	}
+	if r.Error != nil {
+		return nil, r.Error
+	}
+	if r.Stream == "" || r.Sequence == 0 {
+		return nil, errors.New("batch ack without a sequence")
+	}
+	return &r.PubAck, nil
+}
+
+// findEntry returns the Runner-Seq of the entry published under msgID
+// among the subject's last n entries (a batch that had landed).
+func (l *Log) findEntry(ctx context.Context, subject string, t *tail, msgID string, n int) (uint64, error) {
+	s, err := l.handle(ctx)
+	if err != nil {
+		return 0, err
+	}
+	from := len(t.win) - n
+	for i := max(0, from-n); i < len(t.win); i++ {
+		m, err := s.GetMsg(ctx, t.win[i].streamSeq)
+		if err != nil {
+			continue
+		}
+		if m.Header.Get(jetstream.MsgIDHeader) == msgID {
+			return parseSeq(m.Header), nil
+		}
+	}
+	return 0, fmt.Errorf("append batch %s: a duplicate batch whose entries are not in the window", subject)
+}
+
 // retryWindow bounds how long Append publishes one entry again after
 // getting no answer: half the streams' 2-minute duplicate window, so every
 // retry of an entry that landed is still recognised as a duplicate.

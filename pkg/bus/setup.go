@@ -66,6 +66,9 @@ func StreamConfigs(l Limits) []jetstream.StreamConfig {
 			MaxMsgsPerSubject: l.MaxMsgsPerSubject,
 			Duplicates:        2 * time.Minute,
 			AllowDirect:       true,
+			// A driver appends the events queued for a session as one
+			// atomic batch (Log.AppendBatch).
+			AllowAtomicPublish: true,
 		},
 		{
 			Name:              StreamIO,

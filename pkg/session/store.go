@@ -114,17 +114,43 @@ func (s *Store) Emit(ctx context.Context, id string, ev contract.Event) (uint64,
 	return s.emit(ctx, id, ev, "")
 }
 
+// EmitBatch appends evs, in order, to the session's event log in one
+// round trip (bus.Log.AppendBatch: all or none).
+func (s *Store) EmitBatch(ctx context.Context, id string, evs []contract.Event) error {
+	if len(evs) == 1 {
+		_, err := s.Emit(ctx, id, evs[0])
+		return err
+	}
+	datas := make([][]byte, len(evs))
+	hdrs := make([]nats.Header, len(evs))
+	for i, ev := range evs {
+		b, err := json.Marshal(ev)
+		if err != nil {
+			return fmt.Errorf("encode event: %w", err)
+		}
+		datas[i], hdrs[i] = b, eventHeader(ev)
+	}
+	_, err := s.Events.AppendBatch(ctx, bus.EventsSubject(id), datas, hdrs)
+	return err
+}
+
+// eventHeader is the header of ev's log entry.
+func eventHeader(ev contract.Event) nats.Header {
+	hdr := nats.Header{}
+	hdr.Set(bus.HeaderType, ev.Type)
+	if ev.Status != nil && ev.Status.Terminal() {
+		hdr.Set(bus.HeaderTerminal, "1")
+	}
+	return hdr
+}
+
 // emit appends ev under msgID (its idempotency key; "" draws one).
 func (s *Store) emit(ctx context.Context, id string, ev contract.Event, msgID string) (uint64, error) {
 	b, err := json.Marshal(ev)
 	if err != nil {
 		return 0, fmt.Errorf("encode event: %w", err)
 	}
-	hdr := nats.Header{}
-	hdr.Set(bus.HeaderType, ev.Type)
-	if ev.Status != nil && ev.Status.Terminal() {
-		hdr.Set(bus.HeaderTerminal, "1")
-	}
+	hdr := eventHeader(ev)
 	if msgID != "" {
 		hdr.Set(jetstream.MsgIDHeader, msgID)
 	}

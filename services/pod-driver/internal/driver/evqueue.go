@@ -56,17 +56,29 @@ func (q *evQueue) close() {
 // pop returns the oldest waiting event, waiting for one; false once the
 // queue is closed and drained.
 func (q *evQueue) pop() (contract.Event, bool) {
+	evs, ok := q.popUpTo(nil, 1)
+	if !ok {
+		return contract.Event{}, false
+	}
+	return evs[0], true
+}
+
+// popUpTo appends to dst the oldest waiting events, at most max of them,
+// waiting for one; false once the queue is closed and drained.
+func (q *evQueue) popUpTo(dst []contract.Event, max int) ([]contract.Event, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for q.head == len(q.items) && !q.closed {
 		q.notEmpty.Wait()
 	}
 	if q.head == len(q.items) {
-		return contract.Event{}, false
+		return dst, false
 	}
-	ev := q.items[q.head]
-	q.items[q.head] = contract.Event{} // drop its references
-	q.head++
+	for n := 0; n < max && q.head < len(q.items); n++ {
+		dst = append(dst, q.items[q.head])
+		q.items[q.head] = contract.Event{} // drop its references
+		q.head++
+	}
 	if q.head == len(q.items) {
 		// Drained: start over, and give a burst's backing array back.
 		q.head = 0
@@ -76,6 +88,6 @@ func (q *evQueue) pop() (contract.Event, bool) {
 			q.items = q.items[:0]
 		}
 	}
-	q.notFull.Signal()
-	return ev, true
+	q.notFull.Broadcast()
+	return dst, true
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -696,20 +697,33 @@ func (o *owned) closeEvents() {
 	}
 }
 
-// emitLoop appends queued events in order.
+// emitLoop appends queued events in order. Everything queued while the
+// previous append was in flight goes as one batch (one round trip however
+// many events a burst queued), up to a flush marker.
 func (o *owned) emitLoop() {
 	defer close(o.evDone)
+	var buf []contract.Event
 	for {
-		ev, ok := o.events.pop()
+		var ok bool
+		buf, ok = o.events.popUpTo(buf[:0], bus.MaxBatch)
 		if !ok {
 			return
 		}
-		if ev.Type == "" { // flush marker
-			o.flushMu.Unlock()
-			continue
-		}
-		if _, err := o.store.Emit(context.Background(), o.id, ev); err != nil {
-			o.log.Error("emit event", "type", ev.Type, "err", err)
+		for evs := buf; len(evs) > 0; {
+			n := slices.IndexFunc(evs, func(ev contract.Event) bool { return ev.Type == "" })
+			if n < 0 {
+				n = len(evs)
+			}
+			if n > 0 {
+				if err := o.store.EmitBatch(context.Background(), o.id, evs[:n]); err != nil {
+					o.log.Error("emit events", "events", n, "first", evs[0].Type, "err", err)
+				}
+			}
+			if n < len(evs) { // flush marker: everything before it was appended
+				o.flushMu.Unlock()
+				n++
+			}
+			evs = evs[n:]
 		}
 	}
 }
