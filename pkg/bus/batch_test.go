@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/testkit"
 )
 
 // readAll reads every retained entry of subject, in order, checking that
@@ -165,5 +166,35 @@ func TestAppendBatchKeepsTheWindow(t *testing.T) {
 	tail, err := log.Tail(ctx, subject)
 	if err != nil || tail != 100 {
 		t.Fatalf("Tail() = %d, %v; want 100", tail, err)
+	}
+}
+
+// On a stream provisioned without atomic batches (an older runner's), a
+// batch's entries are appended one by one: nothing is lost.
+func TestAppendBatchWithoutAtomicBatches(t *testing.T) {
+	srv := testkit.StartJetStream(t)
+	testkit.Provision(t, srv, bus.Limits{})
+	_, js := testkit.Connect(t, srv, bus.RoleDriver)
+	_, admin := testkit.Connect(t, srv, bus.RoleProvisioner)
+	ctx := context.Background()
+	s, err := admin.Stream(ctx, bus.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.AllowAtomicPublish = false
+	if _, err := admin.UpdateStream(ctx, cfg); err != nil {
+		t.Fatalf("disable atomic batches: %v", err)
+	}
+	subject := bus.EventsSubject("ffffffffffff")
+	log := bus.NewLog(js, bus.StreamEvents, 1<<30)
+	first, err := log.AppendBatch(ctx, subject, [][]byte{[]byte("a"), []byte("b"), []byte("c")}, nil)
+	if err != nil || first != 1 {
+		t.Fatalf("AppendBatch() = %d, %v; want 1", first, err)
+	}
+	for i, e := range readAll(t, js, subject, 1, 3) {
+		if want := string(rune('a' + i)); string(e.Data) != want {
+			t.Fatalf("entry %d = %q, want %q", e.Seq, e.Data, want)
+		}
 	}
 }

@@ -158,6 +158,11 @@ func (l *Log) Append(ctx context.Context, subject string, data []byte, hdr nats.
 		}
 		t.loaded = true
 	}
+	return l.appendLocked(ctx, subject, t, data, hdr)
+}
+
+// appendLocked is Append with t locked and loaded.
+func (l *Log) appendLocked(ctx context.Context, subject string, t *tail, data []byte, hdr nats.Header) (uint64, error) {
 	if hdr == nil {
 		hdr = nats.Header{}
 	}
@@ -309,6 +314,24 @@ func (l *Log) AppendBatch(ctx context.Context, subject string, datas [][]byte, h
 				return 0, err
 			}
 			return l.findEntry(ctx, subject, t, msgs[0].Header.Get(jetstream.MsgIDHeader), len(msgs))
+		case errors.As(err, &apiErr) && (apiErr.ErrorCode == jsErrCodeBatchDisabled || apiErr.ErrorCode == jsErrCodeBatchTooMany):
+			// A stream provisioned without atomic batches, or too many
+			// batches in flight on it: the entries go one by one (nothing
+			// of the refused batch was stored).
+			var firstSeq uint64
+			for i, m := range msgs {
+				for _, h := range []string{headerBatchID, headerBatchSeq, headerBatchCommit, headerExpectedLastSubjSeq} {
+					m.Header.Del(h)
+				}
+				seq, err := l.appendLocked(ctx, subject, t, m.Data, m.Header)
+				if err != nil {
+					return 0, err
+				}
+				if i == 0 {
+					firstSeq = seq
+				}
+			}
+			return firstSeq, nil
 		case errors.As(err, &apiErr) && apiErr.ErrorCode != jsErrCodeBatchIncomplete:
 			return 0, fmt.Errorf("append batch %s: %w", subject, err)
 		default:
@@ -341,6 +364,8 @@ const (
 	headerExpectedLastSubjSeq = "Nats-Expected-Last-Subject-Sequence"
 	jsErrCodeBatchIncomplete  = jetstream.ErrorCode(10176) // atomic publish batch is incomplete
 	jsErrCodeBatchDuplicate   = jetstream.ErrorCode(10201) // atomic publish batch contains duplicate message id
+	jsErrCodeBatchDisabled    = jetstream.ErrorCode(10174) // atomic publish is disabled
+	jsErrCodeBatchTooMany     = jetstream.ErrorCode(10210) // atomic publish too many inflight
 )
 
 // publishBatch sends every message but the last without waiting and the
