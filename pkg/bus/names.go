@@ -159,6 +159,20 @@ func CtlVerb(subject string) string {
 // WSSubject is the workspace operation subject of a session.
 func WSSubject(sessionID, op string) string { return SubjectWSPrefix + sessionID + "." + op }
 
+// WSOp is the operation of a runner.ws.<id>.<op> subject ("" for any other
+// subject).
+func WSOp(subject string) string {
+	rest, ok := strings.CutPrefix(subject, SubjectWSPrefix)
+	if !ok {
+		return ""
+	}
+	_, op, ok := strings.Cut(rest, ".")
+	if !ok || strings.Contains(op, ".") {
+		return ""
+	}
+	return op
+}
+
 // WSSubjects matches every workspace operation of every session.
 const WSSubjects = SubjectWSPrefix + "*.*"
 

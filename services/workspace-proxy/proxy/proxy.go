@@ -101,11 +101,7 @@ func (p *proxy) handle(req micro.Request) {
 	go func() {
 		defer p.wg.Done()
 		defer func() { <-p.sem }()
-		timeout := wsclient.Timeout + 5*time.Second
-		if op := bus.CtlVerb(req.Subject()); op == bus.WSCheckpoint || op == bus.WSRestore {
-			timeout = 5 * time.Minute // a first checkpoint of a large workspace moves everything
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		ctx, cancel := context.WithTimeout(context.Background(), opTimeout(req.Subject()))
 		defer cancel()
 		result, err := p.do(ctx, req)
 		var body []byte
@@ -122,6 +118,16 @@ func (p *proxy) handle(req micro.Request) {
 			p.log.Warn("respond", "subject", req.Subject(), "err", err)
 		}
 	}()
+}
+
+// opTimeout bounds one workspace operation: a checkpoint or a restore moves
+// the whole workspace (a first checkpoint of a large one, everything), the
+// others one request to the workspace server.
+func opTimeout(subject string) time.Duration {
+	if op := bus.WSOp(subject); op == bus.WSCheckpoint || op == bus.WSRestore {
+		return 5 * time.Minute
+	}
+	return wsclient.Timeout + 5*time.Second
 }
 
 // do resolves the session's workspace and performs one operation.

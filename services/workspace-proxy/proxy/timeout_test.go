@@ -1,0 +1,25 @@
+package proxy
+
+import (
+	"testing"
+	"time"
+
+	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsclient"
+)
+
+// A checkpoint or a restore moves the whole workspace and gets 5 minutes;
+// every other operation is one request to the workspace server.
+func TestOpTimeout(t *testing.T) {
+	id := "aaaaaaaaaaaa"
+	for op, want := range map[string]time.Duration{
+		bus.WSCheckpoint: 5 * time.Minute,
+		bus.WSRestore:    5 * time.Minute,
+		"tree":           wsclient.Timeout + 5*time.Second,
+		"read":           wsclient.Timeout + 5*time.Second,
+	} {
+		if got := opTimeout(bus.WSSubject(id, op)); got != want {
+			t.Errorf("opTimeout(%s) = %v, want %v", bus.WSSubject(id, op), got, want)
+		}
+	}
+}
