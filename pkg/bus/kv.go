@@ -75,3 +75,30 @@ func UpdateJSON[T any](ctx context.Context, kv jetstream.KeyValue, key string, c
 		}
 	}
 }
+
+// PurgeFamily purges key and every key one token below it (key.*), absent
+// ones being success: a record and its children (a session's checkpoint
+// and its history slots).
+func PurgeFamily(ctx context.Context, kv jetstream.KeyValue, key string) error {
+	if err := kv.Purge(ctx, key); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("purge %s: %w", key, err)
+	}
+	l, err := kv.ListKeysFiltered(ctx, key+".*")
+	if errors.Is(err, jetstream.ErrNoKeysFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("list %s.*: %w", key, err)
+	}
+	var keys []string
+	for k := range l.Keys() {
+		keys = append(keys, k)
+	}
+	_ = l.Stop() // Already stopped once every key was listed.
+	for _, k := range keys {
+		if err := kv.Purge(ctx, k); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return fmt.Errorf("purge %s: %w", k, err)
+		}
+	}
+	return nil
+}

@@ -47,7 +47,7 @@ func TestCollectGarbage(t *testing.T) {
 	grace := 10 * time.Minute
 	var now time.Time
 	clock := func() time.Time { return now }
-	w := e.store(t, Options{}) // Writers use the real clock.
+	w := e.store(t, Options{History: 1}) // Writers use the real clock; a history of one.
 	gc := e.store(t, Options{Grace: grace, Now: clock})
 	ctx := t.Context()
 
@@ -139,7 +139,8 @@ func TestCollectGarbageManifestObjects(t *testing.T) {
 	e := newEnv(t)
 	grace := time.Minute
 	var now time.Time
-	s := e.store(t, Options{InlineLimit: 1, Grace: grace, Now: func() time.Time { return now }})
+	// A history of one: the second checkpoint replaces the first.
+	s := e.store(t, Options{InlineLimit: 1, Grace: grace, Now: func() time.Time { return now }, History: 1})
 	ctx := t.Context()
 	now = time.Now()
 	id := newID()

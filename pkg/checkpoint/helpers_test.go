@@ -157,3 +157,27 @@ func sumSizes(files map[string][]byte) (total int64) {
 }
 
 func newID() string { return contract.NewSessionID() }
+
+// kv is the checkpoints bucket.
+func (e env) kv(t *testing.T) jetstream.KeyValue {
+	t.Helper()
+	kv, err := e.js.KeyValue(t.Context(), bus.BucketCheckpoints)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
+}
+
+// keys lists every key of the checkpoints bucket.
+func (e env) keys(t *testing.T) []string {
+	t.Helper()
+	l, err := e.kv(t).ListKeys(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for k := range l.Keys() {
+		keys = append(keys, k)
+	}
+	return keys
+}

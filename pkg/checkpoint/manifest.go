@@ -27,6 +27,9 @@ type Entry struct {
 type Manifest struct {
 	TakenAt time.Time        `json:"takenAt"`
 	Files   map[string]Entry `json:"files"`
+	// ID names the checkpoint in its session's history ("" for one
+	// written before histories existed).
+	ID string `json:"id,omitempty"`
 }
 
 // manifestPrefix names out-of-line manifest objects in runner_blobs.
@@ -34,11 +37,21 @@ const manifestPrefix = "manifests/"
 
 // record is the runner_checkpoints value: the manifest inline, or the name
 // of the object holding its encoded file map.
+//
+// The session's key (<sessionId>) holds its latest checkpoint plus the
+// history index (newest first) and the last sequence drawn; each kept
+// checkpoint is also stored under a history slot key (HistoryKey) with the
+// same shape and no index.
 type record struct {
 	TakenAt  time.Time        `json:"takenAt"`
 	Count    int              `json:"count"`
 	Files    map[string]Entry `json:"files,omitempty"`
 	Manifest string           `json:"manifest,omitempty"`
+	ID       string           `json:"id,omitempty"`
+	Reason   string           `json:"reason,omitempty"`
+	Bytes    int64            `json:"bytes,omitempty"`
+	Seq      uint64           `json:"seq,omitempty"`
+	History  []Checkpoint     `json:"history,omitempty"`
 }
 
 // ErrConflict is returned by Take when the session's checkpoint changed
@@ -51,29 +64,29 @@ var ErrMissingBlob = errors.New("blob missing from the store")
 
 // Load returns the session's last manifest; false when it has none.
 func (s *Store) Load(ctx context.Context, sessionID string) (Manifest, bool, error) {
-	m, rev, err := s.load(ctx, sessionID)
+	m, _, rev, err := s.load(ctx, sessionID)
 	return m, rev != 0, err
 }
 
-// load returns the session's manifest and the value's revision (0 when
-// there is none).
-func (s *Store) load(ctx context.Context, sessionID string) (Manifest, uint64, error) {
-	e, err := s.kv.Get(ctx, sessionID)
+// load returns the manifest stored under key, its record and the value's
+// revision (0 when there is none).
+func (s *Store) load(ctx context.Context, key string) (Manifest, record, uint64, error) {
+	e, err := s.kv.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return Manifest{Files: map[string]Entry{}}, 0, nil
+		return Manifest{Files: map[string]Entry{}}, record{}, 0, nil
 	}
 	if err != nil {
-		return Manifest{}, 0, fmt.Errorf("get checkpoint %s: %w", sessionID, err)
+		return Manifest{}, record{}, 0, fmt.Errorf("get checkpoint %s: %w", key, err)
 	}
 	var r record
 	if err := json.Unmarshal(e.Value(), &r); err != nil {
-		return Manifest{}, 0, fmt.Errorf("decode checkpoint %s: %w", sessionID, err)
+		return Manifest{}, record{}, 0, fmt.Errorf("decode checkpoint %s: %w", key, err)
 	}
 	files, err := s.files(ctx, r)
 	if err != nil {
-		return Manifest{}, 0, fmt.Errorf("load checkpoint %s: %w", sessionID, err)
+		return Manifest{}, record{}, 0, fmt.Errorf("load checkpoint %s: %w", key, err)
 	}
-	return Manifest{TakenAt: r.TakenAt, Files: files}, e.Revision(), nil
+	return Manifest{TakenAt: r.TakenAt, Files: files, ID: r.ID}, r, e.Revision(), nil
 }
 
 // files returns a record's file map, reading it from its object when it
@@ -102,39 +115,6 @@ func (s *Store) files(ctx context.Context, r record) (map[string]Entry, error) {
 		return nil, fmt.Errorf("decode manifest %s: %w", r.Manifest, err)
 	}
 	return files, nil
-}
-
-// write stores m as the session's manifest with compare-and-set on rev
-// (0: the session must have none). A file map over the inline limit goes
-// to its own object first.
-func (s *Store) write(ctx context.Context, sessionID string, m Manifest, rev uint64) error {
-	r := record{TakenAt: m.TakenAt, Count: len(m.Files), Files: m.Files}
-	enc, err := json.Marshal(m.Files) // Map keys sorted: the same tree encodes the same.
-	if err != nil {
-		return fmt.Errorf("encode manifest: %w", err)
-	}
-	if len(enc) > s.opts.InlineLimit {
-		r.Files, r.Manifest = nil, manifestPrefix+sha256Hex(enc)
-		if err := s.ensureObject(ctx, r.Manifest, enc); err != nil {
-			return err
-		}
-	}
-	value, err := json.Marshal(r)
-	if err != nil {
-		return fmt.Errorf("encode checkpoint: %w", err)
-	}
-	if rev == 0 {
-		_, err = s.kv.Create(ctx, sessionID, value)
-	} else {
-		_, err = s.kv.Update(ctx, sessionID, value, rev)
-	}
-	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-		return fmt.Errorf("write checkpoint %s: %w", sessionID, ErrConflict)
-	}
-	if err != nil {
-		return fmt.Errorf("write checkpoint %s: %w", sessionID, err)
-	}
-	return nil
 }
 
 // ensureObject stores data under name unless an object of that name (a
@@ -176,13 +156,10 @@ func (s *Store) adopt(ctx context.Context, name string) (*jetstream.ObjectInfo, 
 	return info, nil
 }
 
-// Delete drops the session's manifest (absent is success). The blobs stay
-// until CollectGarbage finds them unreferenced.
+// Delete drops the session's manifest and its history (absent is
+// success). The blobs stay until CollectGarbage finds them unreferenced.
 func (s *Store) Delete(ctx context.Context, sessionID string) error {
-	if err := s.kv.Purge(ctx, sessionID); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-		return fmt.Errorf("delete checkpoint %s: %w", sessionID, err)
-	}
-	return nil
+	return Purge(ctx, s.kv, sessionID)
 }
 
 func sha256Hex(data []byte) string {

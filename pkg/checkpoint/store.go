@@ -50,6 +50,9 @@ type Options struct {
 	InlineLimit int
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// History is how many checkpoints of a session are kept
+	// (RUNNER_CHECKPOINT_HISTORY, default 64).
+	History int
 }
 
 // Validate reports the first invalid option.
@@ -61,6 +64,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("grace %v: must not be negative", o.Grace)
 	case o.InlineLimit < 0:
 		return fmt.Errorf("inline limit %d: must not be negative", o.InlineLimit)
+	case o.History < 0 || o.History > MaxHistory:
+		return fmt.Errorf("history %d: must be between 1 and %d", o.History, MaxHistory)
 	}
 	return nil
 }
@@ -77,6 +82,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.History == 0 {
+		o.History = DefaultHistory
 	}
 	return o
 }
@@ -111,12 +119,22 @@ func NewStore(ctx context.Context, js jetstream.JetStream, opts Options) (*Store
 // the session finished first) the previous manifest stays as it was;
 // blobs already uploaded are left for a later Take or the collector.
 func (s *Store) Take(ctx context.Context, sessionID string, ws Workspace) (Manifest, Stats, error) {
+	return s.TakeAs(ctx, sessionID, ReasonPeriodic, ws)
+}
+
+// TakeAs is Take recording reason (ReasonPeriodic, ReasonSuspend, ...) in
+// the session's history. The new checkpoint becomes the newest entry of
+// the history, which keeps Options.History entries.
+func (s *Store) TakeAs(ctx context.Context, sessionID, reason string, ws Workspace) (Manifest, Stats, error) {
 	var st Stats
+	if !ValidReason(reason) {
+		return Manifest{}, st, fmt.Errorf("checkpoint: unknown reason %q", reason)
+	}
 	if !contract.ValidSessionID(sessionID) {
 		return Manifest{}, st, fmt.Errorf("checkpoint: invalid session id %q", sessionID)
 	}
 	start := s.opts.Now()
-	prev, rev, err := s.load(ctx, sessionID)
+	prev, prevRec, rev, err := s.load(ctx, sessionID)
 	if err != nil {
 		return Manifest{}, st, err
 	}
@@ -180,9 +198,11 @@ func (s *Store) Take(ctx context.Context, sessionID string, ws Workspace) (Manif
 	if took := s.opts.Now().Sub(start); took >= s.opts.Grace {
 		return Manifest{}, st, fmt.Errorf("checkpoint %s: took %v, longer than the %v grace period of its uploads", sessionID, took, s.opts.Grace)
 	}
-	if err := s.write(ctx, sessionID, next, rev); err != nil {
+	id, err := s.write(ctx, sessionID, next, reason, st.BytesTotal, prevRec, rev)
+	if err != nil {
 		return Manifest{}, st, err
 	}
+	next.ID = id
 	return next, st, nil
 }
 

@@ -223,7 +223,7 @@ func TestTakeConflict(t *testing.T) {
 	if _, _, err := s.Take(t.Context(), id, ws); err != nil {
 		t.Fatalf("Take() = %v", err)
 	}
-	stale, rev, err := s.load(t.Context(), id)
+	stale, staleRec, rev, err := s.load(t.Context(), id)
 	if err != nil {
 		t.Fatalf("load() = %v", err)
 	}
@@ -232,13 +232,13 @@ func TestTakeConflict(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Take() = %v", err)
 	}
-	if err := s.write(t.Context(), id, stale, rev); !errors.Is(err, ErrConflict) {
+	if _, err := s.write(t.Context(), id, stale, ReasonPeriodic, 0, staleRec, rev); !errors.Is(err, ErrConflict) {
 		t.Fatalf("write() with a stale revision = %v, want ErrConflict", err)
 	}
-	if err := s.write(t.Context(), newID(), stale, 7); !errors.Is(err, ErrConflict) {
+	if _, err := s.write(t.Context(), newID(), stale, ReasonPeriodic, 0, staleRec, 7); !errors.Is(err, ErrConflict) {
 		t.Fatalf("write() expecting a value that is not there = %v, want ErrConflict", err)
 	}
-	if err := s.write(t.Context(), id, stale, 0); !errors.Is(err, ErrConflict) {
+	if _, err := s.write(t.Context(), id, stale, ReasonPeriodic, 0, record{}, 0); !errors.Is(err, ErrConflict) {
 		t.Fatalf("write() creating a value that exists = %v, want ErrConflict", err)
 	}
 	got, _, _ := s.Load(t.Context(), id)
@@ -321,7 +321,7 @@ func TestManifestSize(t *testing.T) {
 	}
 
 	id := newID()
-	if err := s.write(t.Context(), id, m, 0); err != nil {
+	if _, err := s.write(t.Context(), id, m, ReasonPeriodic, 0, record{}, 0); err != nil {
 		t.Fatalf("write() = %v", err)
 	}
 	v, err := s.kv.Get(t.Context(), id)

@@ -399,10 +399,11 @@ func (s *Store) purge(ctx context.Context, id string) error {
 	if err := s.Bundles.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
 		errs = append(errs, err)
 	}
-	for _, kv := range []jetstream.KeyValue{s.Checkpoints, s.Owners} {
-		if err := kv.Purge(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-			errs = append(errs, err)
-		}
+	if err := bus.PurgeFamily(ctx, s.Checkpoints, id); err != nil { // with its history slots
+		errs = append(errs, err)
+	}
+	if err := s.Owners.Purge(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		errs = append(errs, err)
 	}
 	// Reclaim index entries: only those that exist (a purge of a missing
 	// key would still leave a marker for the cursors to pass over).

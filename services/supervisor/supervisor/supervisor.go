@@ -310,7 +310,7 @@ func (s *sup) watchPolicy(ctx context.Context, rec session.Record) {
 	case idleSince != nil && now.Sub(*idleSince) >= s.cfg.Idle:
 		s.start(ctx, rec.ID, s.suspend)
 	case !ok || now.Sub(last) >= s.cfg.CheckpointEvery:
-		s.start(ctx, rec.ID, func(ctx context.Context, id string) error { return s.checkpoint(ctx, id) })
+		s.start(ctx, rec.ID, func(ctx context.Context, id string) error { return s.checkpoint(ctx, id, checkpoint.ReasonPeriodic) })
 	}
 }
 
@@ -370,11 +370,13 @@ func (s *sup) present(ctx context.Context, id string) (bool, error) {
 	return found, nil
 }
 
-// checkpoint asks runner-ws for an incremental checkpoint.
-func (s *sup) checkpoint(ctx context.Context, id string) error {
+// checkpoint asks runner-ws for an incremental checkpoint, recorded in
+// the session's history as reason.
+func (s *sup) checkpoint(ctx context.Context, id, reason string) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	reply, err := s.nc.RequestWithContext(ctx, bus.WSSubject(id, bus.WSCheckpoint), nil)
+	body, _ := json.Marshal(map[string]string{"reason": reason})
+	reply, err := s.nc.RequestWithContext(ctx, bus.WSSubject(id, bus.WSCheckpoint), body)
 	if err == nil {
 		err = replyErr(reply.Data)
 	}
@@ -392,7 +394,7 @@ func (s *sup) checkpoint(ctx context.Context, id string) error {
 // suspend checkpoints, then asks the owner to end the workload; the owner
 // records `suspended` once it is gone. A failed checkpoint aborts (13.4).
 func (s *sup) suspend(ctx context.Context, id string) error {
-	if err := s.checkpoint(ctx, id); err != nil {
+	if err := s.checkpoint(ctx, id, checkpoint.ReasonSuspend); err != nil {
 		return fmt.Errorf("suspend aborted: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)

@@ -44,6 +44,7 @@ type Config struct {
 	Edge       edge.Config
 	Driver     driver.Config
 	Supervisor supervisor.Config
+	Proxy      proxy.Config
 	// LocalUnrunnable names the RUNNER_APPS entries left out of the
 	// catalog because the local backend cannot run their image (logged at
 	// start).
@@ -84,6 +85,9 @@ func LoadConfig(lookup func(string) (string, bool)) (Config, error) {
 		return c, err
 	}
 	if c.Supervisor, err = supervisor.LoadConfig(lookup); err != nil {
+		return c, err
+	}
+	if c.Proxy, err = proxy.LoadConfig(lookup); err != nil {
 		return c, err
 	}
 	if c.Driver.Backend != "kubernetes" {
@@ -171,7 +175,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 		return supervisor.Run(ctx, cfg.Supervisor, supervisor.Deps{NC: conns["supervisor"], Logger: log, Limits: lim, Registry: reg})
 	})
 	g.Go("workspace-proxy", func(ctx context.Context) error {
-		return proxy.Run(ctx, proxy.Config{}, proxy.Deps{NC: conns["workspace-proxy"], Logger: log, Limits: lim})
+		return proxy.Run(ctx, cfg.Proxy, proxy.Deps{NC: conns["workspace-proxy"], Logger: log, Limits: lim})
 	})
 	g.Go("api-edge", func(ctx context.Context) error {
 		return edge.Run(ctx, cfg.Edge, edge.Deps{NC: conns["api-edge"], Logger: log, Registry: reg, Listener: d.Listener, Limits: lim,

@@ -3,21 +3,24 @@ package proxy
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/telorunner/telorunner/pkg/checkpoint"
 	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/pkg/session"
 	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsclient"
 )
 
 // newCheckpointStore binds the checkpoint store (runner_blobs,
 // runner_checkpoints) with its defaults: four transfers in flight, a
 // ten-minute grace period.
-func newCheckpointStore(ctx context.Context, js jetstream.JetStream) (*checkpoint.Store, error) {
-	return checkpoint.NewStore(ctx, js, checkpoint.Options{})
+func newCheckpointStore(ctx context.Context, js jetstream.JetStream, history int) (*checkpoint.Store, error) {
+	return checkpoint.NewStore(ctx, js, checkpoint.Options{History: history})
 }
 
 // checkpoints returns the store the checkpoint and restore operations use.
@@ -27,7 +30,7 @@ func (p *proxy) checkpoints(ctx context.Context) (*checkpoint.Store, error) {
 	if p.ckpt != nil {
 		return p.ckpt, nil
 	}
-	st, err := newCheckpointStore(ctx, p.store.JS)
+	st, err := newCheckpointStore(ctx, p.store.JS, p.history)
 	if err != nil {
 		return nil, contract.Errorf("workspace_error", "%v", err)
 	}
@@ -51,8 +54,15 @@ func (w workspace) Tree(ctx context.Context) ([]checkpoint.File, error) {
 
 func (w workspace) Blob(ctx context.Context, hash string) ([]byte, error) { return w.c.Blob(ctx, hash) }
 
+// checkpointRequest is the optional body of runner.ws.<id>.checkpoint.
+type checkpointRequest struct {
+	Reason string `json:"reason"` // default checkpoint.ReasonPeriodic
+}
+
 // checkpointResult answers runner.ws.<id>.checkpoint.
 type checkpointResult struct {
+	ID            string    `json:"id"`
+	Reason        string    `json:"reason"`
 	TakenAt       time.Time `json:"takenAt"`
 	Files         int       `json:"files"`
 	Changed       int       `json:"changed"`
@@ -64,17 +74,45 @@ type checkpointResult struct {
 // checkpointOp takes an incremental checkpoint of the session's live
 // workspace (design §6): only content the blob store lacks is read from
 // the workspace and uploaded. A failure leaves the previous checkpoint.
-func (p *proxy) checkpointOp(ctx context.Context, c *wsclient.Client, sessionID string) (any, error) {
+//
+// The body may name the reason recorded in the session's history
+// ({"reason":"manual"}); none is periodic. A checkpoint asked for by a
+// user or a fork (any reason but periodic) that loses a race with another
+// Take of the session is taken again, so it is never refused for one.
+func (p *proxy) checkpointOp(ctx context.Context, c *wsclient.Client, sessionID string, data []byte) (any, error) {
+	req := checkpointRequest{Reason: checkpoint.ReasonPeriodic}
+	if len(data) > 0 {
+		if err := json.Unmarshal(data, &req); err != nil {
+			return nil, contract.Errorf("invalid_request", "checkpoint: %v", err)
+		}
+		if req.Reason == "" {
+			req.Reason = checkpoint.ReasonPeriodic
+		}
+	}
+	if !checkpoint.ValidReason(req.Reason) {
+		return nil, contract.Errorf("invalid_request", "checkpoint: unknown reason %q", req.Reason)
+	}
 	st, err := p.checkpoints(ctx)
 	if err != nil {
 		return nil, err
 	}
-	m, stats, err := st.Take(ctx, sessionID, workspace{c})
-	if err != nil {
-		return nil, storeErr("checkpoint", sessionID, err)
+	return take(ctx, st, c, sessionID, req.Reason)
+}
+
+// take checkpoints the workspace as reason, again after a lost race
+// unless reason is periodic (the next tick takes that one).
+func take(ctx context.Context, st *checkpoint.Store, c *wsclient.Client, sessionID, reason string) (checkpointResult, error) {
+	for attempt := 1; ; attempt++ {
+		m, stats, err := st.TakeAs(ctx, sessionID, reason, workspace{c})
+		if errors.Is(err, checkpoint.ErrConflict) && reason != checkpoint.ReasonPeriodic && attempt < 5 {
+			continue
+		}
+		if err != nil {
+			return checkpointResult{}, storeErr("checkpoint", sessionID, err)
+		}
+		return checkpointResult{ID: m.ID, Reason: reason, TakenAt: m.TakenAt, Files: stats.Files, Changed: stats.Changed,
+			Uploaded: stats.Uploaded, BytesUploaded: stats.BytesUploaded, BytesTotal: stats.BytesTotal}, nil
 	}
-	return checkpointResult{TakenAt: m.TakenAt, Files: stats.Files, Changed: stats.Changed,
-		Uploaded: stats.Uploaded, BytesUploaded: stats.BytesUploaded, BytesTotal: stats.BytesTotal}, nil
 }
 
 // restoreResult answers runner.ws.<id>.restore.
@@ -110,26 +148,32 @@ func (p *proxy) restoreOp(ctx context.Context, c *wsclient.Client, sessionID str
 }
 
 func restore(ctx context.Context, st *checkpoint.Store, c *wsclient.Client, sessionID string, lim batchLimits) (restoreResult, error) {
-	var res restoreResult
 	m, ok, err := st.Load(ctx, sessionID)
 	if err != nil {
-		return res, storeErr("restore", sessionID, err)
+		return restoreResult{}, storeErr("restore", sessionID, err)
 	}
 	if !ok {
-		return res, contract.Errorf("no_checkpoint", "session '%s' has no checkpoint", sessionID)
+		return restoreResult{}, contract.Errorf("no_checkpoint", "session '%s' has no checkpoint", sessionID)
 	}
-	res.TakenAt = m.TakenAt
+	return applyTree(ctx, st, c, sessionID, m, nil, lim)
+}
+
+// applyTree writes every file of m into the workspace, base64, in change
+// sets of bounded size, then deletes the paths of del (in the last set).
+// A failure part-way leaves the change sets already applied.
+func applyTree(ctx context.Context, st *checkpoint.Store, c *wsclient.Client, sessionID string, m checkpoint.Manifest, del []string, lim batchLimits) (restoreResult, error) {
+	res := restoreResult{TakenAt: m.TakenAt}
 	var cs wsclient.ChangeSet
 	var pending int64
 	flush := func() error {
-		if len(cs.Write) == 0 {
+		if len(cs.Write) == 0 && len(cs.Delete) == 0 {
 			return nil
 		}
 		if _, err := c.Apply(ctx, cs); err != nil {
 			return err
 		}
 		res.Batches++
-		cs.Write, pending = cs.Write[:0], 0
+		cs.Write, cs.Delete, pending = cs.Write[:0], nil, 0
 		return nil
 	}
 	for f, err := range st.Files(ctx, m) {
@@ -152,7 +196,90 @@ func restore(ctx context.Context, st *checkpoint.Store, c *wsclient.Client, sess
 		res.Files++
 		res.Bytes += size
 	}
+	cs.Delete = del
 	return res, flush()
+}
+
+// restoreToRequest is the body of runner.ws.<id>.restore that names a
+// checkpoint of the session's history.
+type restoreToRequest struct {
+	Checkpoint string `json:"checkpoint"`
+}
+
+// restoreToResult answers it.
+type restoreToResult struct {
+	Restored   string           `json:"restored"`   // The checkpoint restored.
+	Written    int              `json:"written"`    // Files written (new or with other content).
+	Deleted    int              `json:"deleted"`    // Files removed (not in the checkpoint).
+	Touched    []string         `json:"touched"`    // App entries touched so their kernels reload.
+	Checkpoint checkpointResult `json:"checkpoint"` // The restore checkpoint recorded after.
+}
+
+// restoreTo makes the live workspace exactly the tree of checkpoint cid
+// of the session's history: files whose content differs are written,
+// files it does not hold are removed, unchanged files are left alone.
+// Every app's kernel then sees a change (its entry was written, or is
+// touched), so each reloads through --watch; the tree is recorded as a
+// restore checkpoint. An unknown checkpoint answers checkpoint_not_found.
+func (p *proxy) restoreTo(ctx context.Context, c *wsclient.Client, rec session.Record, data []byte) (any, error) {
+	var req restoreToRequest
+	if err := json.Unmarshal(data, &req); err != nil {
+		return nil, contract.Errorf("invalid_request", "restore: %v", err)
+	}
+	st, err := p.checkpoints(ctx)
+	if err != nil {
+		return nil, err
+	}
+	unknown := contract.Errorf("checkpoint_not_found", "session '%s' has no checkpoint '%s'", rec.ID, req.Checkpoint)
+	if !checkpoint.ValidID(req.Checkpoint) {
+		return nil, unknown
+	}
+	m, _, err := st.LoadCheckpoint(ctx, rec.ID, req.Checkpoint)
+	if errors.Is(err, checkpoint.ErrUnknownCheckpoint) {
+		return nil, unknown
+	}
+	if err != nil {
+		return nil, storeErr("restore", rec.ID, err)
+	}
+	tree, err := c.Tree(ctx)
+	if err != nil {
+		return nil, err
+	}
+	changed := checkpoint.Manifest{TakenAt: m.TakenAt, Files: map[string]checkpoint.Entry{}}
+	have := make(map[string]string, len(tree.Files))
+	var del []string
+	for _, f := range tree.Files {
+		have[f.Path] = f.Hash
+		if _, ok := m.Files[f.Path]; !ok {
+			del = append(del, f.Path)
+		}
+	}
+	for path, e := range m.Files {
+		if have[path] != e.Hash {
+			changed.Files[path] = e
+		}
+	}
+	w, err := applyTree(ctx, st, c, rec.ID, changed, del, restoreBatch)
+	if err != nil {
+		return nil, err
+	}
+	res := restoreToResult{Restored: req.Checkpoint, Written: w.Files, Deleted: len(del), Touched: []string{}}
+	for _, a := range rec.Apps {
+		_, inTree := m.Files[a.Entry]
+		_, written := changed.Files[a.Entry]
+		if inTree && !written && !slices.Contains(res.Touched, a.Entry) {
+			res.Touched = append(res.Touched, a.Entry)
+		}
+	}
+	if len(res.Touched) > 0 {
+		if _, err := c.Touch(ctx, res.Touched); err != nil {
+			return nil, err
+		}
+	}
+	if res.Checkpoint, err = take(ctx, st, c, rec.ID, checkpoint.ReasonRestore); err != nil {
+		return nil, err
+	}
+	return res, nil
 }
 
 // storeErr keeps workspace server failures for mapErr and reports store

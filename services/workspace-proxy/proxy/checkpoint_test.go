@@ -137,7 +137,7 @@ func TestCheckpointRestoreRoundTrip(t *testing.T) {
 	writeTree(t, src, map[string][]byte{"node_modules/dep/index.js": []byte("excluded")})
 	live := serveWorkspace(t, src, nil)
 
-	res, err := p.checkpointOp(ctx, live, id)
+	res, err := p.checkpointOp(ctx, live, id, nil)
 	if err != nil {
 		t.Fatalf("checkpointOp() = %v", err)
 	}
@@ -145,7 +145,7 @@ func TestCheckpointRestoreRoundTrip(t *testing.T) {
 	if cr.Files != len(files) || cr.Uploaded != len(files)-1 || cr.TakenAt.IsZero() {
 		t.Fatalf("checkpointOp() = %+v, want %d files and %d uploads (two share content)", cr, len(files), len(files)-1)
 	}
-	res, err = p.checkpointOp(ctx, live, id)
+	res, err = p.checkpointOp(ctx, live, id, nil)
 	if err != nil {
 		t.Fatalf("checkpointOp() unchanged = %v", err)
 	}
@@ -189,7 +189,7 @@ func TestRestoreBatches(t *testing.T) {
 	src := t.TempDir()
 	files := sampleFiles()
 	writeTree(t, src, files)
-	if _, err := p.checkpointOp(ctx, serveWorkspace(t, src, nil), id); err != nil {
+	if _, err := p.checkpointOp(ctx, serveWorkspace(t, src, nil), id, nil); err != nil {
 		t.Fatalf("checkpointOp() = %v", err)
 	}
 	st, err := p.checkpoints(ctx)
@@ -246,14 +246,14 @@ func TestCheckpointWorkspaceFailure(t *testing.T) {
 	dir := t.TempDir()
 	writeTree(t, dir, map[string][]byte{"a.yaml": []byte("a")})
 	c := serveWorkspace(t, dir, nil)
-	if _, err := p.checkpointOp(ctx, c, id); err != nil {
+	if _, err := p.checkpointOp(ctx, c, id, nil); err != nil {
 		t.Fatalf("checkpointOp() = %v", err)
 	}
 	down := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusBadGateway)
 	}))
 	defer down.Close()
-	_, err := p.checkpointOp(ctx, wsclient.New(down.URL, down.Client()), id)
+	_, err := p.checkpointOp(ctx, wsclient.New(down.URL, down.Client()), id, nil)
 	var we *wsclient.Error
 	if !errors.As(err, &we) || we.Status != http.StatusBadGateway {
 		t.Fatalf("checkpointOp() against a failing workspace = %v, want its 502", err)

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -31,6 +32,23 @@ import (
 type Config struct {
 	// MaxInFlight bounds concurrent workspace operations of this replica.
 	MaxInFlight int
+	// History is how many checkpoints of a session are kept
+	// (RUNNER_CHECKPOINT_HISTORY; 0: checkpoint.DefaultHistory).
+	History int
+}
+
+// LoadConfig reads the proxy's variables; unset or empty means the default.
+func LoadConfig(lookup func(string) (string, bool)) (Config, error) {
+	var c Config
+	raw, _ := lookup("RUNNER_CHECKPOINT_HISTORY")
+	if raw = strings.TrimSpace(raw); raw != "" {
+		n, err := strconv.Atoi(raw)
+		if err != nil || n < 1 || n > checkpoint.MaxHistory {
+			return c, fmt.Errorf("RUNNER_CHECKPOINT_HISTORY: must be an integer from 1 to %d, got %q", checkpoint.MaxHistory, raw)
+		}
+		c.History = n
+	}
+	return c, nil
 }
 
 // Deps are the proxy's connections.
@@ -60,12 +78,12 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 		store, err = session.Open(ctx, js, bus.Limits.Defaults(d.Limits).ReplayBytes)
 		return err
 	}, func(ctx context.Context) (err error) {
-		cps, err = newCheckpointStore(ctx, js)
+		cps, err = newCheckpointStore(ctx, js, cfg.History)
 		return err
 	}); err != nil {
 		return err
 	}
-	p := &proxy{store: store, ckpt: cps, log: log, sem: make(chan struct{}, cfg.MaxInFlight), hc: &http.Client{}}
+	p := &proxy{store: store, ckpt: cps, history: cfg.History, log: log, sem: make(chan struct{}, cfg.MaxInFlight), hc: &http.Client{}}
 	svc, err := micro.AddService(d.NC, micro.Config{
 		Name: bus.ServiceWS, Version: "0.1.0",
 		Description: "Workspace operations of watch sessions",
@@ -85,12 +103,13 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 }
 
 type proxy struct {
-	store *session.Store
-	ckpt  *checkpoint.Store
-	log   *slog.Logger
-	sem   chan struct{}
-	wg    sync.WaitGroup
-	hc    *http.Client
+	store   *session.Store
+	ckpt    *checkpoint.Store
+	history int // Options.History of a store bound later (checkpoints)
+	log     *slog.Logger
+	sem     chan struct{}
+	wg      sync.WaitGroup
+	hc      *http.Client
 }
 
 // handle runs each operation on its own goroutine (bounded), so one slow
@@ -151,7 +170,12 @@ func (p *proxy) do(ctx context.Context, req micro.Request) (any, error) {
 		return nil, contract.Errorf("not_running", "session '%s' has no live workspace", id)
 	}
 	c := wsclient.New(rec.Workspace, p.hc)
-	res, err := p.op(ctx, c, id, op, req.Data())
+	var res any
+	if op == bus.WSRestore && len(req.Data()) > 0 {
+		res, err = p.restoreTo(ctx, c, rec, req.Data())
+	} else {
+		res, err = p.op(ctx, c, id, op, req.Data())
+	}
 	if err != nil {
 		return nil, mapErr(err)
 	}
@@ -161,7 +185,7 @@ func (p *proxy) do(ctx context.Context, req micro.Request) (any, error) {
 func (p *proxy) op(ctx context.Context, c *wsclient.Client, id, op string, data []byte) (any, error) {
 	switch op {
 	case bus.WSCheckpoint:
-		return p.checkpointOp(ctx, c, id)
+		return p.checkpointOp(ctx, c, id, data)
 	case bus.WSRestore:
 		return p.restoreOp(ctx, c, id)
 	case bus.WSTree:

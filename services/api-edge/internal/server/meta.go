@@ -28,6 +28,10 @@ type features struct {
 	Ports  bool     `json:"ports"`
 	Watch  bool     `json:"watch"`
 	Agents []string `json:"agents,omitempty"`
+	// Beyond the contract (docs/extensions.md): POST .../fork and the
+	// checkpoint history routes; both need watch sessions.
+	Fork        bool `json:"fork"`
+	Checkpoints bool `json:"checkpoints"`
 }
 
 type capabilities struct {
@@ -44,9 +48,10 @@ func (s *Server) capabilities(c *gin.Context) {
 	out := capabilities{
 		DisplayName: s.cfg.DisplayName,
 		Description: s.cfg.Description,
-		Features:    features{IO: []string{"tty", "streams"}, Ports: true, Watch: s.cfg.Watch.Enabled},
-		Config:      map[string]any{"schema": s.configSchema()},
-		Terms:       s.cfg.Terms,
+		Features: features{IO: []string{"tty", "streams"}, Ports: true, Watch: s.cfg.Watch.Enabled,
+			Fork: s.cfg.Watch.Enabled, Checkpoints: s.cfg.Watch.Enabled},
+		Config: map[string]any{"schema": s.configSchema()},
+		Terms:  s.cfg.Terms,
 	}
 	if s.cfg.Watch.Enabled {
 		out.Features.Agents = s.cfg.Apps.AgentNames()

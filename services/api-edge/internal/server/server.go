@@ -89,6 +89,11 @@ func New(ctx context.Context, o Options) *Server {
 	v1.POST("/sessions/:id/reload", s.reload)
 	v1.POST("/sessions/:id/resume", s.resume)
 	v1.PUT("/sessions/:id/apps", s.putApps)
+	// Beyond the contract (docs/extensions.md).
+	v1.POST("/sessions/:id/fork", s.forkSession)
+	v1.GET("/sessions/:id/checkpoints", s.listCheckpoints)
+	v1.POST("/sessions/:id/checkpoints", s.takeCheckpoint)
+	v1.POST("/sessions/:id/checkpoints/:cid/restore", s.restoreCheckpoint)
 	s.engine = e
 	return s
 }
@@ -180,7 +185,7 @@ func (s *Server) fail(c *gin.Context, err error) {
 // statusOf maps a contract error code to its HTTP status (section 2.3).
 func statusOf(code string) int {
 	switch code {
-	case "not_found", "unknown_app", "not_suspended", "file_not_found":
+	case "not_found", "unknown_app", "not_suspended", "file_not_found", "checkpoint_not_found":
 		return http.StatusNotFound
 	case "too_many_sessions", "too_many_watch_sessions", "not_a_watch_session", "not_running", "no_checkpoint":
 		return http.StatusConflict

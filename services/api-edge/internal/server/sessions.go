@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/checkpoint"
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/session"
 )
@@ -178,8 +179,10 @@ func (s *Server) createAppSession(c *gin.Context) {
 
 // admitAndStart admits, stores and queues a new session, then answers 201.
 // Everything durable happens before the answer, so an edge dying right
-// after it loses nothing.
-func (s *Server) admitAndStart(c *gin.Context, mode string, apps []session.App, launch session.Launch, bundle contract.Bundle, notices []string) {
+// after it loses nothing. seed (fork: the session's first checkpoint)
+// runs after the record and bundle are stored and before the start
+// command; a seed that fails ends the session failed.
+func (s *Server) admitAndStart(c *gin.Context, mode string, apps []session.App, launch session.Launch, bundle contract.Bundle, notices []string, seed ...func(ctx context.Context, id string) error) {
 	ctx := c.Request.Context()
 	now := time.Now().UTC().Truncate(time.Millisecond)
 	lim := session.Limits{MaxSessions: s.cfg.MaxSessions}
@@ -206,6 +209,17 @@ func (s *Server) admitAndStart(c *gin.Context, mode string, apps []session.App, 
 		return
 	}
 	s.store.AdmittedSoon(id)
+	for _, f := range seed {
+		if err := f(ctx, id); err != nil {
+			// The record exists: it ends failed rather than starting with
+			// nothing to start from.
+			if _, serr := s.store.SetStatus(ctx, id, contract.Status{Kind: contract.StatusFailed, Message: "start: " + err.Error()}, nil); serr != nil {
+				s.log.Warn("record failed seed", "session", id, "err", serr)
+			}
+			s.fail(c, err)
+			return
+		}
+	}
 	for _, n := range notices {
 		if _, err := s.store.Emit(ctx, id, contract.Event{Type: contract.EventProgress, Phase: contract.PhaseProvision, Message: n}); err != nil {
 			s.fail(c, err)
@@ -407,7 +421,7 @@ func (s *Server) deleteSession(c *gin.Context) {
 			s.fail(c, err)
 			return
 		}
-		_ = s.store.Checkpoints.Purge(ctx, id)
+		_ = checkpoint.Purge(ctx, s.store.Checkpoints, id)
 		c.Status(http.StatusNoContent)
 		return
 	}

@@ -13,11 +13,13 @@ import (
 	"github.com/telorunner/telorunner/services/pod-driver/internal/iopump"
 )
 
-// checkpointNow asks runner-ws for a checkpoint of the live workspace.
+// checkpointNow asks runner-ws for a checkpoint of the live workspace;
+// the workload is about to go (driver exit, app-set change), so the
+// history records it as a suspend checkpoint.
 func (o *owned) checkpointNow(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	reply, err := o.d.o.NC.RequestWithContext(ctx, bus.WSSubject(o.id, bus.WSCheckpoint), nil)
+	reply, err := o.d.o.NC.RequestWithContext(ctx, bus.WSSubject(o.id, bus.WSCheckpoint), []byte(`{"reason":"suspend"}`))
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}

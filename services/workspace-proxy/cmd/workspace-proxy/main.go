@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"os"
 
 	"github.com/telorunner/telorunner/pkg/run"
 	"github.com/telorunner/telorunner/services/workspace-proxy/proxy"
@@ -11,6 +12,10 @@ import (
 
 func main() {
 	run.Main("workspace-proxy", nil, func(ctx context.Context, env run.Env) error {
-		return proxy.Run(ctx, proxy.Config{}, proxy.Deps{NC: env.NC, Logger: env.Logger, Limits: env.Limits})
+		cfg, err := proxy.LoadConfig(os.LookupEnv)
+		if err != nil {
+			return err
+		}
+		return proxy.Run(ctx, cfg, proxy.Deps{NC: env.NC, Logger: env.Logger, Limits: env.Limits})
 	})
 }
