@@ -200,3 +200,26 @@ func TestTakeAsRefusesUnknownReason(t *testing.T) {
 		t.Fatal("TakeAs(whim) succeeded")
 	}
 }
+
+// A periodic checkpoint of an unchanged tree adds no entry; any other
+// reason does.
+func TestPeriodicUnchangedAddsNoEntry(t *testing.T) {
+	e := newEnv(t)
+	s := e.store(t, Options{})
+	ctx := t.Context()
+	id := newID()
+	ws := newMemWorkspace(map[string][]byte{"a": []byte("a")})
+	for _, r := range []string{ReasonPeriodic, ReasonPeriodic, ReasonManual, ReasonPeriodic} {
+		if _, _, err := s.TakeAs(ctx, id, r, ws); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h, err := History(ctx, e.kv(t), id)
+	if err != nil || len(h) != 2 || h[0].Reason != ReasonManual || h[1].Reason != ReasonPeriodic {
+		t.Fatalf("History() = %+v, %v; want manual, periodic", h, err)
+	}
+	ws.remove("a")
+	if m, _, err := s.Take(ctx, id, ws); err != nil || m.ID != "3" {
+		t.Fatalf("Take() after a removal = %q, %v; want a new entry 3", m.ID, err)
+	}
+}

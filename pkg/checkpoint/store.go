@@ -124,7 +124,9 @@ func (s *Store) Take(ctx context.Context, sessionID string, ws Workspace) (Manif
 
 // TakeAs is Take recording reason (ReasonPeriodic, ReasonSuspend, ...) in
 // the session's history. The new checkpoint becomes the newest entry of
-// the history, which keeps Options.History entries.
+// the history, which keeps Options.History entries. A periodic Take of a
+// tree equal to the latest checkpoint's writes nothing and returns the
+// latest (its ID, its TakenAt).
 func (s *Store) TakeAs(ctx context.Context, sessionID, reason string, ws Workspace) (Manifest, Stats, error) {
 	var st Stats
 	if !ValidReason(reason) {
@@ -195,6 +197,12 @@ func (s *Store) TakeAs(ctx context.Context, sessionID, reason string, ws Workspa
 	}
 	st.Files = len(next.Files)
 
+	if reason == ReasonPeriodic && rev != 0 && prevRec.ID != "" && st.Changed == 0 && st.Removed == 0 {
+		// Nothing changed since the latest checkpoint: a tick adds no
+		// history entry (the history holds changes, not ticks).
+		prev.ID = prevRec.ID
+		return prev, st, nil
+	}
 	if took := s.opts.Now().Sub(start); took >= s.opts.Grace {
 		return Manifest{}, st, fmt.Errorf("checkpoint %s: took %v, longer than the %v grace period of its uploads", sessionID, took, s.opts.Grace)
 	}

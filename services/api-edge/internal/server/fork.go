@@ -194,6 +194,9 @@ func (s *Server) forkSession(c *gin.Context) {
 		if errors.Is(err, checkpoint.ErrNoCheckpoint) {
 			return contract.Errorf("no_checkpoint", "session '%s' has no checkpoint to fork from", src.ID)
 		}
+		if err != nil {
+			_ = checkpoint.Purge(ctx, s.store.Checkpoints, id) // a half-written copy pins blobs
+		}
 		return err
 	})
 }
