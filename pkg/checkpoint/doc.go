@@ -27,10 +27,23 @@
 // session so that writing one never overwrites the manifest the current
 // value points to: the key-value write stays the single commit point.
 //
+// # History
+//
+// Each checkpoint has an id (a per-session sequence from 1) and a reason
+// (ReasonPeriodic, ReasonSuspend, ReasonManual, ReasonRestore,
+// ReasonFork). The session's key also holds the history index, newest
+// first, bounded by Options.History (RUNNER_CHECKPOINT_HISTORY, 64 by
+// default); entry n's record is also stored under HistoryKey(session,
+// n mod history), so the entry that falls out of the history is
+// overwritten rather than deleted. LoadCheckpoint reads a kept entry;
+// History (the edge: bucket only) lists them; Fork copies a session's
+// latest record under another session's id, metadata only. A periodic
+// Take of an unchanged tree writes nothing.
+//
 // # Garbage collection
 //
 // CollectGarbage deletes sha256/* and manifests/* objects that no stored
-// manifest references and that are older than Options.Grace (10 minutes by
+// manifest — latest or kept in a history — references and that are older than Options.Grace (10 minutes by
 // default). The grace period covers Takes in flight, whose uploads are not
 // referenced until their manifest is written; a Take that would write its
 // manifest later than Grace after it started fails instead. A Take that
