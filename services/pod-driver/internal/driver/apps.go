@@ -116,15 +116,33 @@ func appsChangeFailed(detail string) string { return "changing the app set faile
 
 // beginAppsChange takes an app-set change when the workload is live and no
 // other change is under way; false means not_running.
+//
+// A change that arrives while the workload is starting (the session may
+// already report running: the backend records it from inside Start) waits
+// for the start, at most liveWait.
 func (o *owned) beginAppsChange() bool {
+	wake := time.AfterFunc(liveWait, func() {
+		o.mu.Lock()
+		o.wReady.Broadcast()
+		o.mu.Unlock()
+	})
+	defer wake.Stop()
+	deadline := time.Now().Add(liveWait)
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	for o.w == nil && o.starting && o.next == intentNone && o.ctx.Err() == nil && time.Now().Before(deadline) {
+		o.wReady.Wait()
+	}
 	if o.w == nil || o.next != intentNone || o.ctx.Err() != nil || o.changing {
 		return false
 	}
 	o.changing = true
 	return true
 }
+
+// liveWait bounds how long a control request waits for a workload being
+// started.
+const liveWait = 20 * time.Second
 
 func (o *owned) endAppsChange() {
 	o.mu.Lock()

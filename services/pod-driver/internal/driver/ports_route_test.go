@@ -82,6 +82,7 @@ func newPortsEnv(t *testing.T) *portsEnv {
 	sctx, cancel := context.WithCancel(ctx)
 	o := &owned{id: rec.ID, mode: rec.Mode, rec: rec, store: store, ctx: sctx, cancel: cancel,
 		log: slog.New(slog.NewTextHandler(io.Discard, nil)), events: newEvQueue(), evDone: make(chan struct{})}
+	o.wReady.L = &o.mu
 	go o.emitLoop()
 	t.Cleanup(func() {
 		o.closeEvents()

@@ -65,6 +65,12 @@ type owned struct {
 
 	mu sync.Mutex
 	w  backend.Workload
+	// starting: a workload is being started and w is not set yet — the
+	// backend records `running` from inside Start, so a request can find
+	// the session running before w is set. wReady (on mu) is broadcast
+	// when w is set or the start ends without one.
+	starting bool
+	wReady   sync.Cond
 	// changing: an app-set change was accepted and has not yet handed the
 	// workload over to its recreate (or failed); another is refused.
 	changing bool
@@ -173,6 +179,7 @@ func (d *Driver) own(ctx context.Context, c command) {
 	sctx, cancel := context.WithCancel(ctx)
 	o := &owned{d: d, id: id, mode: rec.Mode, rec: rec, log: log, store: store, ctx: sctx, cancel: cancel, adopting: plan == planAdopt,
 		pumps: map[string]*iopump.Pump{}, events: newEvQueue(), evDone: make(chan struct{})}
+	o.wReady.L = &o.mu
 	if rc, ok := d.o.Backend.(recoverer); ok && rec.Mode == contract.ModeWatch {
 		o.keepWorkspace = rc.WorkspaceIntact(id, rec.Driver)
 	}
@@ -405,6 +412,9 @@ func (o *owned) runOnce() *contract.Status {
 		app = spec.Apps[0].Name
 	}
 	var w backend.Workload
+	o.mu.Lock()
+	o.starting = true
+	o.mu.Unlock()
 	if a, ok := o.d.o.Backend.(adopter); ok && o.adopting {
 		o.adopting = false
 		w, err = a.Adopt(o.ctx, spec, o)
@@ -413,6 +423,10 @@ func (o *owned) runOnce() *contract.Status {
 		w, err = o.d.o.Backend.Start(o.ctx, spec, o)
 	}
 	if err != nil {
+		o.mu.Lock()
+		o.starting = false
+		o.wReady.Broadcast()
+		o.mu.Unlock()
 		o.d.m.failed.Inc()
 		if in := o.intent(); in == intentStop || in == intentSuspend {
 			return o.endStatus(in, backend.Exit{Stopped: true})
@@ -424,6 +438,8 @@ func (o *owned) runOnce() *contract.Status {
 	}
 	o.mu.Lock()
 	o.w = w
+	o.starting = false
+	o.wReady.Broadcast()
 	in := o.next
 	o.mu.Unlock()
 	if in != intentNone || o.userStopped() {
