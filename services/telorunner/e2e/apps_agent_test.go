@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -60,16 +61,13 @@ func roles(g map[string]int) string {
 // portBody is what GET http://127.0.0.1:port/ answers, "" when nothing
 // answers.
 func portBody(port int) string {
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/", port))
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(fmt.Sprintf("http://127.0.0.1:%d/", port))
 	if err != nil {
 		return ""
 	}
 	defer resp.Body.Close()
-	var b strings.Builder
-	buf := make([]byte, 512)
-	n, _ := resp.Body.Read(buf)
-	b.Write(buf[:n])
-	return b.String()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	return string(b)
 }
 
 // PUT apps (4.12) with an app set that declares the co-resident agent's
