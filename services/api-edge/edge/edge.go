@@ -62,6 +62,9 @@ type Deps struct {
 	EdgeID string
 	// Ready is called once the listener accepts connections.
 	Ready func(addr net.Addr)
+	// Now is the clock of the reload budget's 60 s window (contract 13.5);
+	// time.Now when nil. Tests set it to move the window without waiting.
+	Now func() time.Time
 }
 
 // Run serves /v1 until ctx ends, then shuts down gracefully.
@@ -97,7 +100,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	}
 	srvCtx, cancelStreams := context.WithCancel(context.Background())
 	defer cancelStreams()
-	api := server.New(srvCtx, server.Options{Config: cfg, NC: d.NC, Store: store, Logger: log, Registry: reg, EdgeID: edgeID})
+	api := server.New(srvCtx, server.Options{Config: cfg, NC: d.NC, Store: store, Logger: log, Registry: reg, EdgeID: edgeID, Now: d.Now})
 
 	mux := http.NewServeMux()
 	obs.Mount(mux, reg, func() error {

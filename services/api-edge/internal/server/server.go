@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/gin-gonic/gin"
 	"github.com/nats-io/nats.go"
@@ -32,6 +33,8 @@ type Options struct {
 	Registry prometheus.Registerer
 	// EdgeID names this replica (presence keys).
 	EdgeID string
+	// Now is the clock of the reload budget's window; time.Now when nil.
+	Now func() time.Time
 }
 
 // Server serves /v1.
@@ -41,6 +44,7 @@ type Server struct {
 	store    *session.Store
 	log      *slog.Logger
 	edgeID   string
+	now      func() time.Time // the reload budget's clock
 	engine   *gin.Engine
 	m        metrics
 	presence presence
@@ -59,7 +63,10 @@ type Server struct {
 // New builds the router. Streams end when ctx does.
 func New(ctx context.Context, o Options) *Server {
 	gin.SetMode(gin.ReleaseMode)
-	s := &Server{cfg: o.Config, nc: o.NC, store: o.Store, log: o.Logger, edgeID: o.EdgeID, ctx: ctx, newID: contract.NewSessionID}
+	s := &Server{cfg: o.Config, nc: o.NC, store: o.Store, log: o.Logger, edgeID: o.EdgeID, now: o.Now, ctx: ctx, newID: contract.NewSessionID}
+	if s.now == nil {
+		s.now = time.Now
+	}
 	s.m = newMetrics(o.Registry)
 	s.hub = newHub(ctx, func(subject string) *bus.Log {
 		if strings.HasPrefix(subject, bus.SubjectIOPrefix) {

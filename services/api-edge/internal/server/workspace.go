@@ -56,7 +56,7 @@ func (s *Server) chargeReload(c *gin.Context, id string) bool {
 	limit := s.cfg.Watch.ReloadLimitPerMinute
 	var retry time.Duration
 	_, err := s.store.Update(c.Request.Context(), id, func(r *session.Record) error {
-		now := time.Now()
+		now := s.now()
 		kept := r.Reloads[:0:0]
 		for _, t := range r.Reloads {
 			if now.Sub(t) < time.Minute {

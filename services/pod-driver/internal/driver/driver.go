@@ -53,7 +53,10 @@ type Driver struct {
 
 	mu    sync.Mutex
 	owned map[string]*owned
-	wg    sync.WaitGroup
+	// stopping is set by stopAll: a session taken after it looked is not
+	// started (nothing would stop it), see own.
+	stopping bool
+	wg       sync.WaitGroup
 }
 
 // New returns a driver; Run starts it.
@@ -133,6 +136,7 @@ func (d *Driver) handle(ctx context.Context, m jetstream.Msg) {
 // stopAll stops every owned workload on a clean shutdown (5.8).
 func (d *Driver) stopAll() {
 	d.mu.Lock()
+	d.stopping = true
 	sessions := make([]*owned, 0, len(d.owned))
 	for _, o := range d.owned {
 		sessions = append(sessions, o)

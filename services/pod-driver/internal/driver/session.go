@@ -185,6 +185,18 @@ func (d *Driver) own(ctx context.Context, c command) {
 	}
 	o.recovering = plan == planRecover
 	d.mu.Lock()
+	if d.stopping {
+		// Taken while the driver stops, after stopAll looked at the owned
+		// sessions: a workload started now would never be stopped (and
+		// Run would wait for it forever). It is not started; the owner
+		// key goes, so the supervisor's adoption request has the next
+		// driver start the session.
+		d.mu.Unlock()
+		cancel()
+		log.Info("not starting a session taken while the driver stops; left for adoption")
+		release()
+		return
+	}
 	d.owned[id] = o
 	d.mu.Unlock()
 	d.m.sessions.Inc()
