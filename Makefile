@@ -34,7 +34,7 @@ help: ## list targets
 
 build: ## build every binary into ./bin
 	@mkdir -p $(BIN)
-	cd services/telorunner && $(GO) build -o $(BIN)/telorunner ./cmd/telorunner && $(GO) build -o $(BIN)/iotail ./cmd/iotail
+	cd services/telorunner && $(GO) build -o $(BIN)/telorunner ./cmd/telorunner && $(GO) build -o $(BIN)/iotail ./cmd/iotail && $(GO) build -o $(BIN)/telorunner-events ./cmd/telorunner-events
 	cd services/api-edge && $(GO) build -o $(BIN)/api-edge ./cmd/api-edge
 	cd services/pod-driver && $(GO) build -o $(BIN)/pod-driver ./cmd/pod-driver && $(GO) build -o $(BIN)/devkernel ./cmd/devkernel
 	cd services/supervisor && $(GO) build -o $(BIN)/supervisor ./cmd/supervisor

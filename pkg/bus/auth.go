@@ -12,7 +12,7 @@ const (
 	RoleDriver      = "driver"
 	RoleSupervisor  = "supervisor"
 	RoleProxy       = "workspace-proxy"
-	RoleSubscriber  = "subscriber"  // read-only runner.evt.> (live and replay), for other systems
+	RoleSubscriber  = "subscriber"  // read-only runner.evt.> and runner.io.> (live and replay), for other systems
 	RoleProvisioner = "provisioner" // the only role that creates or updates streams, buckets, object stores and the drivers' consumer
 )
 
@@ -106,12 +106,15 @@ func Permissions(role string) (Permission, error) {
 		}
 		g.read("OBJ_" + ObjectBundles)
 	case RoleSubscriber:
-		g.pub(api("STREAM.INFO", StreamEvents),
-			api("CONSUMER.CREATE", StreamEvents)+".*."+SubjectEventsPrefix+">", // single-filter ordered consumers only
-			api("CONSUMER.MSG.NEXT", StreamEvents)+".*",
-			api("CONSUMER.DELETE", StreamEvents)+".*",
-			api("DIRECT.GET", StreamEvents)+"."+SubjectEventsPrefix+">")
-		g.sub(SubjectEventsPrefix + ">")
+		// Events and terminal bytes (docs/asyncapi.yaml), live and replay.
+		for _, s := range []struct{ stream, prefix string }{{StreamEvents, SubjectEventsPrefix}, {StreamIO, SubjectIOPrefix}} {
+			g.pub(api("STREAM.INFO", s.stream),
+				api("CONSUMER.CREATE", s.stream)+".*."+s.prefix+">", // single-filter ordered consumers only
+				api("CONSUMER.MSG.NEXT", s.stream)+".*",
+				api("CONSUMER.DELETE", s.stream)+".*",
+				api("DIRECT.GET", s.stream)+"."+s.prefix+">")
+			g.sub(s.prefix + ">")
+		}
 	case RoleProvisioner:
 		g.pub("$JS.API.INFO")
 		for _, s := range ProvisionedStreams() {

@@ -215,49 +215,56 @@ func TestAnonymousRefused(t *testing.T) {
 	}
 }
 
-// The subscriber role follows runner.evt.<id> live and replays it with a
-// filtered ordered consumer and direct gets; it may not purge.
+// The subscriber role follows runner.evt.<id> and runner.io.<id>.<app>
+// live and replays them with a filtered ordered consumer and direct gets.
 func TestSubscriberReadsEvents(t *testing.T) {
 	s := testkit.StartJetStream(t)
 	testkit.Provision(t, s, bus.Limits{})
 	_, writer := testkit.Connect(t, s, bus.RoleDriver)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	subject := bus.EventsSubject("bbbbbbbbbbbb")
-	log := bus.NewLog(writer, bus.StreamEvents, 1<<20)
-	if _, err := log.Append(ctx, subject, []byte("one"), nil); err != nil {
-		t.Fatal(err)
-	}
 	nc, js := testkit.Connect(t, s, bus.RoleSubscriber)
-	live, err := nc.SubscribeSync(subject)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := log.Append(ctx, subject, []byte("two"), nil); err != nil {
-		t.Fatal(err)
-	}
-	if m, err := live.NextMsg(5 * time.Second); err != nil || string(m.Data) != "two" {
-		t.Fatalf("live = %v, %v", m, err)
-	}
-	r, err := bus.NewLog(js, bus.StreamEvents, 1<<20).Read(ctx, subject, 0)
-	if err != nil {
-		t.Fatalf("replay as subscriber: %v", err)
-	}
-	defer r.Close()
-	for _, want := range []string{"one", "two"} {
-		if e, _, _, err := r.Next(); err != nil || string(e.Data) != want {
-			t.Fatalf("replay = %q, %v, want %q", e.Data, err, want)
-		}
-	}
-	st, err := js.Stream(ctx, bus.StreamEvents)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if m, err := st.GetLastMsgForSubject(ctx, subject); err != nil || string(m.Data) != "two" {
-		t.Fatalf("direct get = %v, %v", m, err)
+	for _, c := range []struct{ stream, subject string }{
+		{bus.StreamEvents, bus.EventsSubject("bbbbbbbbbbbb")},
+		{bus.StreamIO, bus.IOSubject("bbbbbbbbbbbb", "web")},
+	} {
+		t.Run(c.stream, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			log := bus.NewLog(writer, c.stream, 1<<20)
+			if _, err := log.Append(ctx, c.subject, []byte("one"), nil); err != nil {
+				t.Fatal(err)
+			}
+			live, err := nc.SubscribeSync(c.subject)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = live.Unsubscribe() }()
+			if err := nc.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := log.Append(ctx, c.subject, []byte("two"), nil); err != nil {
+				t.Fatal(err)
+			}
+			if m, err := live.NextMsg(5 * time.Second); err != nil || string(m.Data) != "two" {
+				t.Fatalf("live = %v, %v", m, err)
+			}
+			r, err := bus.NewLog(js, c.stream, 1<<20).Read(ctx, c.subject, 0)
+			if err != nil {
+				t.Fatalf("replay as subscriber: %v", err)
+			}
+			defer r.Close()
+			for _, want := range []string{"one", "two"} {
+				if e, _, _, err := r.Next(); err != nil || string(e.Data) != want {
+					t.Fatalf("replay = %q, %v, want %q", e.Data, err, want)
+				}
+			}
+			st, err := js.Stream(ctx, c.stream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m, err := st.GetLastMsgForSubject(ctx, c.subject); err != nil || string(m.Data) != "two" {
+				t.Fatalf("direct get = %v, %v", m, err)
+			}
+		})
 	}
 }
 

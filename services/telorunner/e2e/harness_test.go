@@ -78,6 +78,9 @@ type runner struct {
 	NATSURL string
 	DataDir string
 	stop    func()
+	// bus validates what the runner's embedded bus stores against
+	// docs/asyncapi.yaml (schema_test.go); nil on an external NATS.
+	bus *busWatch
 }
 
 // env builds a lookup over defaults plus overrides.
@@ -141,6 +144,9 @@ func startRunnerWith(t *testing.T, vars map[string]string) *runner {
 			return
 		}
 		stopped = true
+		if r.bus != nil {
+			r.bus.close(t)
+		}
 		cancel()
 		select {
 		case err := <-done:
@@ -152,6 +158,9 @@ func startRunnerWith(t *testing.T, vars map[string]string) *runner {
 		}
 	}
 	t.Cleanup(r.stop)
+	if vars["RUNNER_NATS_URL"] == "" {
+		r.bus = watchBus(t, r)
+	}
 	return r
 }
 

@@ -66,6 +66,12 @@ var binaryContent = string([]byte{0, 1, 2, 255, 254, 10, 13, 0x80, 'x'})
 func seedWatch(t *testing.T, r *runner) createdResp {
 	t.Helper()
 	c := r.create(t, watchBody(map[string]string{"telo.yaml": manifest("sleepy", nil, nil), "notes/a.txt": "alpha\n"}, []app{{Name: "app", Entry: "telo.yaml"}}, ""))
+	// An open event stream keeps the session awake until the edits are in:
+	// its idle clock runs from creation, so on a loaded machine (a start
+	// slower than the idle window) it would suspend as soon as it runs,
+	// racing the edits. Closed on return: the idle window starts then.
+	awake := openSSE(t, r.URL+c.StreamURL, nil)
+	defer awake.Close()
 	waitStatus(t, r, c.SessionID, "running", 60*time.Second)
 	// Edits after creation (including a binaryContent file) must survive suspend.
 	resp := do(t, "POST", r.URL+"/v1/sessions/"+c.SessionID+"/workspace", map[string]any{"write": []map[string]any{
@@ -80,6 +86,10 @@ func seedWatch(t *testing.T, r *runner) createdResp {
 
 func assertResumed(t *testing.T, r *runner, id, wantTree string) {
 	t.Helper()
+	// Kept awake while checked: a resume restarts the idle clock, and a
+	// start slower than the idle window would suspend it again at once.
+	awake := openSSE(t, r.URL+"/v1/sessions/"+id+"/events", nil)
+	defer awake.Close()
 	if resp := do(t, "POST", r.URL+"/v1/sessions/"+id+"/resume", nil, nil); resp.Status != http.StatusAccepted || string(resp.Body) != `{"sessionId":"`+id+`"}` {
 		t.Fatalf("resume = %d %s", resp.Status, resp.Body)
 	}
