@@ -107,6 +107,7 @@ const (
 	WSRead       = "read"
 	WSApply      = "apply"
 	WSTouch      = "touch"
+	WSFreeze     = "freeze" // {"frozen": bool}: the workspace takes no more writes (a suspend's final checkpoint)
 	WSCheckpoint = "checkpoint"
 	WSRestore    = "restore"
 )

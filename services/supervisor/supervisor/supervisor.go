@@ -393,8 +393,12 @@ func (s *sup) checkpoint(ctx context.Context, id, reason string) error {
 
 // suspend checkpoints, then asks the owner to end the workload; the owner
 // records `suspended` once it is gone. A failed checkpoint aborts (13.4).
+// This checkpoint moves what changed while the workspace still takes
+// writes; the owner then freezes the workspace and takes the final one
+// (the history's suspend entry), so the freeze is short and no write lands
+// after the final checkpoint unseen.
 func (s *sup) suspend(ctx context.Context, id string) error {
-	if err := s.checkpoint(ctx, id, checkpoint.ReasonSuspend); err != nil {
+	if err := s.checkpoint(ctx, id, checkpoint.ReasonPeriodic); err != nil {
 		return fmt.Errorf("suspend aborted: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)

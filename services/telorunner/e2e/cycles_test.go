@@ -73,3 +73,67 @@ func TestSuspendResumeCycles(t *testing.T) {
 		}
 	}
 }
+
+// A write the runner acknowledged is never lost to a suspend: a writer
+// keeps writing new files while the session goes idle and suspends (writes
+// do not count as presence, 13.2); every write answered 200 is in the
+// workspace after the resume. Writes racing the suspend are refused (409
+// not_running) once the owner froze the workspace for its final
+// checkpoint, never accepted and then dropped.
+func TestSuspendLosesNoAcknowledgedWrite(t *testing.T) {
+	// Every write counts against the reload budget (30 a minute by default).
+	r := watchRunner(t, merge(fastSupervisor, map[string]string{"RUNNER_WATCH_RELOAD_LIMIT": "100000"}))
+	c := r.create(t, watchBody(map[string]string{"telo.yaml": manifest("writer", nil, nil)}, []app{{Name: "app", Entry: "telo.yaml"}}, ""))
+	id := c.SessionID
+	waitStatus(t, r, id, "running", 60*time.Second)
+	var acked []string
+	refused := 0
+	deadline := time.Now().Add(90 * time.Second)
+	for n := 0; time.Now().Before(deadline); n++ {
+		path := fmt.Sprintf("w/%05d.txt", n)
+		resp := do(t, "POST", r.URL+"/v1/sessions/"+id+"/workspace", map[string]any{"write": []map[string]any{{"path": path, "content": path}}}, nil)
+		if resp.Status == 200 {
+			acked = append(acked, path)
+			continue
+		}
+		// 409 not_running once frozen or suspended; 502 workspace_error
+		// while the stopped workload's record still says running.
+		if resp.Status != 409 && resp.Status != 502 {
+			t.Fatalf("write %s = %d %s, want 200, or 409 not_running / 502 while suspending", path, resp.Status, resp.Body)
+		}
+		refused++
+		var doc map[string]any
+		do(t, "GET", r.URL+"/v1/sessions/"+id, nil, nil).json(t, &doc)
+		if doc["status"].(map[string]any)["kind"] == "suspended" {
+			break
+		}
+	}
+	if len(acked) == 0 {
+		t.Fatal("no write was acknowledged before the suspend")
+	}
+	waitStatus(t, r, id, "suspended", 60*time.Second)
+	if resp := do(t, "POST", r.URL+"/v1/sessions/"+id+"/resume", nil, nil); resp.Status != http.StatusAccepted {
+		t.Fatalf("resume = %d %s", resp.Status, resp.Body)
+	}
+	waitStatus(t, r, id, "running", 60*time.Second)
+	var doc struct {
+		Files []struct {
+			Path string `json:"path"`
+		} `json:"files"`
+	}
+	do(t, "GET", r.URL+"/v1/sessions/"+id+"/workspace", nil, nil).json(t, &doc)
+	have := map[string]bool{}
+	for _, f := range doc.Files {
+		have[f.Path] = true
+	}
+	var lost []string
+	for _, p := range acked {
+		if !have[p] {
+			lost = append(lost, p)
+		}
+	}
+	if len(lost) > 0 {
+		t.Fatalf("%d of %d acknowledged writes lost to the suspend (first %s); %d writes refused", len(lost), len(acked), lost[0], refused)
+	}
+	t.Logf("%d writes acknowledged and kept, %d refused while suspending", len(acked), refused)
+}

@@ -205,6 +205,14 @@ func (p *proxy) op(ctx context.Context, c *wsclient.Client, id, op string, data 
 			return nil, err
 		}
 		return c.Apply(ctx, cs)
+	case bus.WSFreeze:
+		var f struct {
+			Frozen *bool `json:"frozen"`
+		}
+		if err := json.Unmarshal(data, &f); err != nil || f.Frozen == nil {
+			return nil, contract.Errorf("invalid_request", "freeze: want {\"frozen\": true|false}")
+		}
+		return map[string]bool{"frozen": *f.Frozen}, c.Freeze(ctx, *f.Frozen)
 	case bus.WSTouch:
 		var t contract.WSTouch
 		if err := json.Unmarshal(data, &t); err != nil {
@@ -247,6 +255,8 @@ func mapErr(err error) error {
 			return contract.Errorf("file_not_found", "%s", we.Message)
 		case wsclient.CodeInvalidPath:
 			return contract.Errorf("invalid_path", "%s", we.Message)
+		case wsclient.CodeFrozen:
+			return contract.Errorf("not_running", "%s", we.Message)
 		}
 		return contract.Errorf("workspace_error", "%v", err)
 	}

@@ -13,6 +13,56 @@ import (
 	"github.com/telorunner/telorunner/services/pod-driver/internal/iopump"
 )
 
+// finalCheckpoint freezes the workspace (every write in flight finishes,
+// every later one is refused) and takes its last checkpoint before the
+// workload goes, so nothing written before the suspend is lost. A
+// workspace that cannot be frozen (a workspace server from before the
+// freeze) is checkpointed anyway, as before. When the checkpoint fails the
+// workspace is thawed and the session goes on.
+func (o *owned) finalCheckpoint(ctx context.Context) error {
+	frozen := true
+	if err := o.freeze(ctx, true); err != nil {
+		o.log.Warn("freeze the workspace before the final checkpoint", "err", err)
+		frozen = false
+	}
+	if err := o.checkpointNow(ctx); err != nil {
+		if frozen {
+			o.thaw()
+		}
+		return err
+	}
+	return nil
+}
+
+// thaw lets the workspace take writes again after a suspend that did not
+// happen.
+func (o *owned) thaw() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := o.freeze(ctx, false); err != nil {
+		o.log.Warn("thaw the workspace", "err", err)
+	}
+}
+
+// freeze asks runner-ws to freeze (or thaw) the session's workspace.
+func (o *owned) freeze(ctx context.Context, frozen bool) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	body, _ := json.Marshal(map[string]bool{"frozen": frozen})
+	reply, err := o.d.o.NC.RequestWithContext(ctx, bus.WSSubject(o.id, bus.WSFreeze), body)
+	if err != nil {
+		return fmt.Errorf("freeze: %w", err)
+	}
+	var ans struct{ Error, Message string }
+	if err := json.Unmarshal(reply.Data, &ans); err != nil {
+		return fmt.Errorf("freeze: undecodable reply: %w", err)
+	}
+	if ans.Error != "" {
+		return fmt.Errorf("freeze: %s: %s", ans.Error, ans.Message)
+	}
+	return nil
+}
+
 // checkpointNow asks runner-ws for a checkpoint of the live workspace;
 // the workload is about to go (driver exit, app-set change), so the
 // history records it as a suspend checkpoint.

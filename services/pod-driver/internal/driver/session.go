@@ -598,7 +598,7 @@ func (o *owned) shutdownStop() {
 	}
 	if o.mode == contract.ModeWatch && o.intent() == intentNone {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err := o.checkpointNow(ctx)
+		err := o.finalCheckpoint(ctx)
 		if err == nil {
 			err = o.end(ctx, intentSuspend)
 		}
@@ -852,11 +852,19 @@ func (o *owned) handleSlow(req micro.Request, verb string) {
 		}
 		respondOK(req)
 	case bus.CtlSuspend:
-		// The supervisor took a checkpoint first; the workload goes, the
-		// record stays (13.4).
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		// The supervisor took a checkpoint first; the workspace is frozen
+		// and checkpointed once more (what changed since), then the
+		// workload goes, the record stays (13.4).
+		ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
 		defer cancel()
+		if o.mode == contract.ModeWatch {
+			if err := o.finalCheckpoint(ctx); err != nil {
+				respondErr(req, "suspend_failed", err.Error())
+				return
+			}
+		}
 		if err := o.end(ctx, intentSuspend); err != nil {
+			o.thaw()
 			respondErr(req, "suspend_failed", err.Error())
 			return
 		}

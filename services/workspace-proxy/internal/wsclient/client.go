@@ -34,6 +34,7 @@ const (
 	CodeInvalidPath    = "invalid_path"
 	CodeInvalidRequest = "invalid_request"
 	CodeFileNotFound   = "file_not_found"
+	CodeFrozen         = "workspace_frozen" // a write to a frozen workspace (Freeze)
 )
 
 // maxErrorBody is how much of a failure body an Error keeps, in characters.
@@ -191,6 +192,15 @@ func (c *Client) Touch(ctx context.Context, paths []string) (int, error) {
 	}
 	err := c.doJSON(ctx, http.MethodPost, "/workspace/touch", nil, map[string][]string{"paths": paths}, &r)
 	return r.Touched, err
+}
+
+// Freeze refuses every later write to the workspace (frozen true) once the
+// writes in flight have finished, or accepts writes again (false).
+func (c *Client) Freeze(ctx context.Context, frozen bool) error {
+	var r struct {
+		Frozen bool `json:"frozen"`
+	}
+	return c.doJSON(ctx, http.MethodPost, "/workspace/freeze", nil, map[string]bool{"frozen": frozen}, &r)
 }
 
 func (c *Client) doJSON(ctx context.Context, method, p string, q url.Values, in, out any) error {

@@ -21,6 +21,7 @@ const (
 	codeReadFailed     = "read_failed"
 	codeWalkFailed     = "walk_failed"
 	codeInternal       = "internal"
+	codeFrozen         = "workspace_frozen"
 )
 
 var (

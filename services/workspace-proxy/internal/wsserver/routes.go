@@ -18,11 +18,12 @@ func (s *Server) routes() {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	s.mux.HandleFunc("GET /workspace", s.handle(s.getTree))
-	s.mux.HandleFunc("POST /workspace", s.handle(s.postApply))
+	s.mux.HandleFunc("POST /workspace", s.handle(s.writing(s.postApply)))
 	s.mux.HandleFunc("GET /workspace/file", s.handle(s.getFile))
 	s.mux.HandleFunc("GET /workspace/snapshot", s.handle(s.getSnapshot))
 	s.mux.HandleFunc("GET /workspace/blob/{hash}", s.handle(s.getBlob))
-	s.mux.HandleFunc("POST /workspace/touch", s.handle(s.postTouch))
+	s.mux.HandleFunc("POST /workspace/touch", s.handle(s.writing(s.postTouch)))
+	s.mux.HandleFunc("POST /workspace/freeze", s.handle(s.postFreeze))
 }
 
 // handle adapts a handler that reports failure by returning an error.
@@ -32,6 +33,37 @@ func (s *Server) handle(h func(http.ResponseWriter, *http.Request) error) http.H
 			s.writeError(w, r, err)
 		}
 	}
+}
+
+// writing runs a write under the freeze lock, refusing it while frozen.
+func (s *Server) writing(h func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		s.writes.RLock()
+		defer s.writes.RUnlock()
+		if s.frozen {
+			return &apiError{status: http.StatusConflict, code: codeFrozen, msg: "the workspace is frozen (the session is being suspended): it takes no writes"}
+		}
+		return h(w, r)
+	}
+}
+
+// postFreeze is POST /workspace/freeze {"frozen": bool}: it answers once
+// every write in flight has finished.
+func (s *Server) postFreeze(w http.ResponseWriter, r *http.Request) error {
+	var body struct {
+		Frozen *bool `json:"frozen"`
+	}
+	if err := decodeBody(w, r, &body); err != nil {
+		return err
+	}
+	if body.Frozen == nil {
+		return badRequest("frozen: required")
+	}
+	s.writes.Lock()
+	s.frozen = *body.Frozen
+	s.writes.Unlock()
+	writeJSON(w, http.StatusOK, map[string]bool{"frozen": *body.Frozen})
+	return nil
 }
 
 // maxPathBytes bounds a normalized path (Linux PATH_MAX), which also

@@ -28,6 +28,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -79,6 +80,14 @@ type Server struct {
 	// errEscapes is os.Root's (unexported) error for a path that leaves
 	// the root, captured at New so that it can be matched with errors.Is.
 	errEscapes error
+
+	// writes is held shared by every write (apply, touch) and exclusively
+	// to freeze: once POST /workspace/freeze answers, every write that
+	// began before it has finished and every later one is refused (409
+	// workspace_frozen) until thawed. A suspend freezes the workspace
+	// before its final checkpoint, so no write lands after it unseen.
+	writes sync.RWMutex
+	frozen bool
 }
 
 // New opens opts.Dir as an os.Root and returns the server. Close releases
