@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -44,16 +43,6 @@ type memRig struct {
 	base  string            // the edge's /v1
 	ops   map[string]string // service → ops base URL (the edge: its own port)
 	store *session.Store    // the bench's own view of the bus (test-only identity)
-}
-
-func freeAddr(tb testing.TB) string {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 func startMemRig(tb testing.TB) *memRig {
@@ -95,45 +84,7 @@ func startMemRig(tb testing.TB) *memRig {
 				"RUNNER_DATA_DIR="+work, "RUNNER_WORK_DIR="+filepath.Join(work, "sessions"))
 		}
 		r.ops[s] = "http://" + addr
-		cmd := exec.Command(filepath.Join(binDir, s))
-		cmd.Env = env
-		logf, err := os.Create(filepath.Join(work, s+".log"))
-		if err != nil {
-			tb.Fatal(err)
-		}
-		cmd.Stdout, cmd.Stderr = logf, logf
-		if err := cmd.Start(); err != nil {
-			tb.Fatal(err)
-		}
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		logName := filepath.Join(work, s+".log")
-		tb.Cleanup(func() {
-			if tb.Failed() {
-				if log, err := os.ReadFile(logName); err == nil {
-					tb.Logf("%s log (last 4 KiB):\n%s", s, log[max(0, len(log)-4096):])
-				}
-			}
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-done:
-			case <-time.After(30 * time.Second):
-				_ = cmd.Process.Kill()
-				<-done
-			}
-			logf.Close()
-		})
-		if !testkit.Poll(context.Background(), 60*time.Second, func() bool {
-			resp, err := http.Get(r.ops[s] + "/readyz")
-			if err != nil {
-				return false
-			}
-			resp.Body.Close()
-			return resp.StatusCode == 200
-		}) {
-			log, _ := os.ReadFile(filepath.Join(work, s+".log"))
-			tb.Fatalf("%s not ready within 60s:\n%s", s, log)
-		}
+		startProcess(tb, s, filepath.Join(binDir, s), env, r.ops[s]+"/readyz")
 	}
 	return r
 }

@@ -8,19 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"sync/atomic"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/telorunner/telorunner/pkg/checkpoint"
-	"github.com/telorunner/telorunner/pkg/testkit"
 )
 
 // serverBin and kernelBin are the workspace-server and devkernel binaries
@@ -58,38 +53,9 @@ func TestMain(m *testing.M) {
 // until tb ends and returns its base URL.
 func startServer(tb testing.TB, dir string) string {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	_ = ln.Close()
-	cmd := exec.Command(serverBin)
-	cmd.Env = []string{"WORKSPACE_DIR=" + dir, "PORT=" + strconv.Itoa(port), "WORKSPACE_BIND=127.0.0.1"}
-	cmd.Stderr = io.Discard
-	if err := cmd.Start(); err != nil {
-		tb.Fatalf("start workspace-server: %v", err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	tb.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	})
-	base := "http://127.0.0.1:" + strconv.Itoa(port)
-	testkit.Eventually(tb, 20*time.Second, func() bool {
-		resp, err := http.Get(base + "/healthz")
-		if err != nil {
-			return false
-		}
-		_ = resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}, "workspace-server answers on %s", base)
+	port := freePort(tb)
+	base := "http://127.0.0.1:" + port
+	startProcess(tb, "workspace-server", serverBin, []string{"WORKSPACE_DIR=" + dir, "PORT=" + port, "WORKSPACE_BIND=127.0.0.1"}, base+"/healthz")
 	return base
 }
 
