@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorilla/websocket"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -92,44 +91,6 @@ func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// BenchmarkIOThroughput: a kernel writes N bytes to its terminal; one
-// editor receives them over the io WebSocket. Reported: payload MB/s of
-// wall time and MB per CPU-second of this process (edge + driver + NATS +
-// the client; the kernel is a separate process and not counted).
-func BenchmarkIOThroughput(b *testing.B) {
-	const size = 64 << 20
-	r := startRunner(b, map[string]string{"RUNNER_REPLAY_BUFFER_BYTES": "100000000"})
-	b.SetBytes(size)
-	b.ResetTimer()
-	var wall, cpu time.Duration
-	for range b.N {
-		man := fmt.Sprintf("kind: Telo.Application\nmetadata:\n  name: flood\nx-devkernel:\n  outputBytes: %d\n  exitAfterMs: 1\n", size)
-		id := r.create(b, runSession(man, false))
-		// The all-in-one allows loopback origins only, and /io needs one (7.2).
-		c, _, err := websocket.DefaultDialer.Dial("ws"+strings.TrimPrefix(r.url, "http")+"/v1/sessions/"+id+"/io", http.Header{"Origin": {r.url}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		t0, c0 := time.Now(), cpuTime()
-		got := 0
-		for got < size {
-			kind, data, err := c.ReadMessage()
-			if err != nil {
-				b.Fatalf("after %d bytes: %v", got, err)
-			}
-			if kind == websocket.BinaryMessage {
-				got += len(data) - 5
-			}
-		}
-		wall += time.Since(t0)
-		cpu += cpuTime() - c0
-		_ = c.Close()
-	}
-	mb := float64(size*b.N) / (1 << 20)
-	b.ReportMetric(mb/wall.Seconds(), "MB/s")
-	b.ReportMetric(mb/cpu.Seconds(), "MB/cpu-s")
 }
 
 // BenchmarkSSEFanout: 1,000 SSE subscribers on one session; each op appends
