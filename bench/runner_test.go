@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -93,9 +94,15 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// BenchmarkSSEFanout: 1,000 SSE subscribers on one session; each op appends
-// one event and waits until every subscriber has it. Reported: the
-// delivery latency to the last subscriber.
+// BenchmarkSSEFanout: 1,000 SSE subscribers on one session; each sample
+// appends one event and waits until every subscriber has it. Reported: the
+// delivery latency to the last subscriber, fanoutEvents samples an
+// iteration. Each subscriber's deliveries are checked on their own: every
+// event exactly once and in order (a duplicate or a miss at any one
+// subscriber fails the benchmark), SSE ids increasing, every data line
+// JSON. One untimed event first (every subscriber connected and
+// delivering), and one after the last timed one, so a late duplicate of
+// the last timed event is caught too.
 func BenchmarkSSEFanout(b *testing.B) {
 	const subscribers = 1000
 	r := startRunner(b, map[string]string{"RUNNER_WATCH_SESSIONS": "true"})
@@ -136,54 +143,124 @@ func BenchmarkSSEFanout(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	marks := make(chan string, subscribers*4)
+	// round is the event being delivered: how many subscribers have it,
+	// closed when all do.
+	var mu sync.Mutex
+	var cur, have int
+	var done chan struct{}
+	var missing []bool
+	errs := make(chan error, subscribers)
 	var wg sync.WaitGroup
-	for range subscribers {
+	for s := range subscribers {
 		req, _ := http.NewRequestWithContext(ctx, "GET", r.url+"/v1/sessions/"+id+"/events?lastEventId="+fmt.Sprint(tail), nil)
 		resp, err := client.Do(req)
 		if err != nil {
 			b.Fatal(err)
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			defer resp.Body.Close()
-			sc := bufio.NewScanner(resp.Body)
-			for sc.Scan() {
-				if line := sc.Text(); strings.HasPrefix(line, "data: ") && strings.Contains(line, "bench-mark-") {
-					i := strings.Index(line, "bench-mark-")
-					marks <- line[i : i+len("bench-mark-")+8]
-				}
+			next := 0 // the mark this subscriber must see next
+			var lastID uint64
+			fail := func(format string, args ...any) {
+				errs <- fmt.Errorf("subscriber %d: "+format, append([]any{s}, args...)...)
 			}
-		}()
+			sc := bufio.NewScanner(resp.Body)
+			sc.Buffer(make([]byte, 1<<20), 1<<20)
+			for sc.Scan() {
+				line := sc.Text()
+				if v, ok := strings.CutPrefix(line, "id: "); ok {
+					n, err := strconv.ParseUint(v, 10, 64)
+					if err != nil || n <= lastID {
+						fail("SSE id %q after %d", v, lastID)
+						return
+					}
+					lastID = n
+					continue
+				}
+				data, ok := strings.CutPrefix(line, "data: ")
+				if !ok {
+					continue
+				}
+				var ev struct{ Message string }
+				if err := json.Unmarshal([]byte(data), &ev); err != nil {
+					fail("data %q: %v", data, err)
+					return
+				}
+				v, ok := strings.CutPrefix(ev.Message, "bench-mark-")
+				if !ok {
+					continue
+				}
+				k, err := strconv.Atoi(v)
+				if err != nil || k != next {
+					fail("got mark %q, want %d (each event exactly once, in order)", v, next)
+					return
+				}
+				next++
+				mu.Lock()
+				if k == cur && missing[s] {
+					missing[s] = false
+					if have++; have == subscribers {
+						close(done)
+					}
+				}
+				mu.Unlock()
+			}
+			if ctx.Err() == nil {
+				fail("stream ended after %d marks: %v", next, sc.Err())
+			}
+		})
 	}
-	var lat []time.Duration
-	b.ResetTimer()
-	for i := range b.N {
-		mark := fmt.Sprintf("bench-mark-%08d", i)
+	// deliver appends mark i and returns when every subscriber has it.
+	deliver := func(i int) time.Duration {
+		mu.Lock()
+		cur, have, done, missing = i, 0, make(chan struct{}), make([]bool, subscribers)
+		for s := range missing {
+			missing[s] = true
+		}
+		ch := done
+		mu.Unlock()
 		t0 := time.Now()
-		if _, err := store.Emit(ctx, id, contract.Event{Type: contract.EventProgress, Phase: "boot", Message: mark}); err != nil {
+		if _, err := store.Emit(ctx, id, contract.Event{Type: contract.EventProgress, Phase: "boot", Message: fmt.Sprintf("bench-mark-%08d", i)}); err != nil {
 			b.Fatal(err)
 		}
-		for n := 0; n < subscribers; {
-			select {
-			case m := <-marks:
-				if m == mark {
-					n++
+		select {
+		case <-ch:
+			return time.Since(t0)
+		case err := <-errs:
+			b.Fatal(err)
+		case <-time.After(30 * time.Second):
+			mu.Lock()
+			var lost []int
+			for s, m := range missing {
+				if m && len(lost) < 10 {
+					lost = append(lost, s)
 				}
-			case <-time.After(30 * time.Second):
-				b.Fatalf("event %d reached %d of %d subscribers", i, n, subscribers)
 			}
+			b.Fatalf("event %d reached %d of %d subscribers within 30 s (first missing: %v)", i, have, subscribers, lost)
 		}
-		lat = append(lat, time.Since(t0))
+		return 0
 	}
-	b.StopTimer()
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
-	b.ReportMetric(float64(lat[len(lat)*95/100].Microseconds())/1000, "p95-ms")
+	deliver(0) // warm-up: every subscriber delivering
+	var lat []time.Duration
+	for b.Loop() {
+		for range fanoutEvents {
+			lat = append(lat, deliver(len(lat)+1))
+		}
+	}
+	deliver(len(lat) + 1) // a late duplicate of the last timed event would arrive before this one
 	cancel()
 	wg.Wait()
+	select {
+	case err := <-errs:
+		b.Fatal(err)
+	default:
+	}
+	latency(b, fmt.Sprintf("one event to all %d subscribers (each checked: every event once, in order)", subscribers), "", lat, 0.5, 0.95)
 }
+
+// fanoutEvents is BenchmarkSSEFanout's samples per iteration: p95 needs
+// 100 samples, -benchtime=3x gives 102.
+const fanoutEvents = 34
 
 // BenchmarkEditToRun: an editor saves a manifest through
 // POST /v1/sessions/:id/workspace and waits for the app's `run started`
