@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -29,26 +28,33 @@ import (
 // has its reclaim index entry); each iteration is 50 sequential creates
 // on one keep-alive connection, each a session whose workload exits at
 // once. Beside them: this process's CPU per create (edge, driver,
-// supervisor and NATS; the kernels are processes of their own) and the
-// admission alone (Admit + Admitted through the store), p50.
+// supervisor, NATS and the client together; the kernels are processes of
+// their own) and the admission alone (Admit + Admitted through the store).
 func BenchmarkCreateRetained(b *testing.B) {
 	body, _ := json.Marshal(runSession("kind: Telo.Application\nmetadata:\n  name: quick\nx-devkernel:\n  exitAfterMs: 1\n", false))
 	var p50s []time.Duration
+	var ns []int
 	for _, level := range []int{10, 1000, 10000} {
-		b.Run(fmt.Sprintf("retained=%d", level), func(b *testing.B) { p50s = append(p50s, createLevel(b, level, body)) })
+		b.Run(fmt.Sprintf("retained=%d", level), func(b *testing.B) {
+			p50, n := createLevel(b, level, body)
+			p50s, ns = append(p50s, p50), append(ns, n)
+		})
 	}
 	if len(p50s) == 3 {
-		b.Logf("create p50 at 10,000 retained ÷ at 10: %.2f", float64(p50s[2])/float64(p50s[0]))
+		b.Logf("create p50 at 10,000 retained ÷ at 10: %.2f (n=%d and n=%d)", float64(p50s[2])/float64(p50s[0]), ns[2], ns[0])
 	}
 }
 
-// createsPerIteration is BenchmarkCreateRetained's batch: p99 needs more
-// samples than -benchtime=3x iterations.
-const createsPerIteration = 50
+// createsPerIteration is BenchmarkCreateRetained's batch: p99 needs 500
+// samples, -benchtime=3x gives 510.
+const createsPerIteration = 170
 
 // createLevel times creates with level sessions retained, on an
-// all-in-one of its own (stopped when b ends), and returns the p50.
-func createLevel(b *testing.B, level int, body []byte) time.Duration {
+// all-in-one of its own (stopped when b ends), and returns the p50 and
+// the samples it rests on. Each create leaves one more ended session, so
+// the level is what is retained when timing starts (510 creates later,
+// 10 retained have become 520).
+func createLevel(b *testing.B, level int, body []byte) (time.Duration, int) {
 	r := startRunner(b, map[string]string{"RUNNER_MAX_SESSIONS": "100000"})
 	store := edgeStore(b, r)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
@@ -101,15 +107,11 @@ func createLevel(b *testing.B, level int, body []byte) time.Duration {
 		}
 		admit[i] = time.Since(t0)
 	}
-	slices.Sort(lat)
-	slices.Sort(admit)
-	p50, p99 := lat[len(lat)/2], lat[len(lat)*99/100]
-	b.ReportMetric(float64(p50.Microseconds())/1000, "p50-ms")
-	b.ReportMetric(float64(p99.Microseconds())/1000, "p99-ms")
-	b.Logf("retained %d, %d samples: create p50 %s, p99 %s; CPU per create %s; admission alone p50 %s (%d samples); seeded in %s",
-		l.Total, len(lat), p50.Round(time.Microsecond), p99.Round(time.Microsecond), cpu.Round(time.Microsecond),
-		admit[len(admit)/2].Round(time.Microsecond), len(admit), seeded.Round(time.Millisecond))
-	return p50
+	latency(b, fmt.Sprintf("create → 201 with %d retained", l.Total), "", lat, 0.5, 0.95, 0.99)
+	latency(b, "admission alone (Admit + Admitted through the store)", "admit-", admit, 0.5, 0.95)
+	b.Logf("CPU of this process per create, n=%d creates: %s (runner and client together: the all-in-one runs in this process; the kernels are processes of their own, not counted); seeded in %s",
+		len(lat), cpu.Round(time.Microsecond), seeded.Round(time.Millisecond))
+	return lat[rank(0.5, len(lat))], len(lat)
 }
 
 // edgeStore is a registry store on the all-in-one's NATS with the edge's

@@ -382,6 +382,7 @@ func TestPrintSessionMemory(t *testing.T) {
 
 	var out strings.Builder
 	fmt.Fprintf(&out, "\nLive heap of each service after a forced GC (go_memstats_heap_alloc_bytes after /debug/pprof/heap?gc=1, least of 3)\n")
+	fmt.Fprintf(&out, "n=1: each figure is one reading (the least of 3) at one point of one run; no baseline\n")
 	fmt.Fprintf(&out, "%d live and the first %d ended sessions are real (HTTP create, sandboxed devkernel, DELETE); the rest are seeded through the store\n", live, live)
 	fmt.Fprintf(&out, "(admission, bundle, record, 3 events, 1 io entry each) and each read through the edge (GET, events to the end).\n\n")
 	fmt.Fprintf(&out, "%-16s %12s %22s", "service", "idle", "per live session")
