@@ -194,23 +194,43 @@ func (st *sseStream) write(e bus.Entry, gap bool) (done bool, err error) {
 // replay writes the log's entries after st.last up to and including upTo,
 // reading only that range.
 func (s *Server) replay(ctx context.Context, st *sseStream, subject string, upTo uint64) (done bool, err error) {
-	if upTo <= st.last {
-		return false, nil
-	}
-	err = s.store.Events.ReadRange(ctx, subject, st.last, upTo, func(e bus.Entry, gap bool) error {
-		if done, err = st.write(e, gap); done && err == nil {
-			return errStreamDone
+	// A read of the log that fails (the bus slow to answer under load) is
+	// read again from where the client now is — st.last advances with
+	// every entry written, so nothing is sent twice — a few times before
+	// the stream ends (the client then resumes from its last id).
+	wait := 50 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		if upTo <= st.last {
+			return false, nil
 		}
-		return err
-	})
-	if errors.Is(err, errStreamDone) {
-		return true, nil
+		var werr error
+		err = s.store.Events.ReadRange(ctx, subject, st.last, upTo, func(e bus.Entry, gap bool) error {
+			if done, werr = st.write(e, gap); done && werr == nil {
+				return errStreamDone
+			}
+			return werr
+		})
+		switch {
+		case errors.Is(err, errStreamDone):
+			return true, nil
+		case err == nil:
+			st.w.Flush()
+			return false, nil
+		case werr != nil || ctx.Err() != nil || attempt == 3:
+			if werr == nil && ctx.Err() == nil {
+				s.log.Warn("read the event log for an SSE client; the stream ends, the client resumes from its last id", "subject", subject, "after", st.last, "err", err)
+			}
+			return false, err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false, ctx.Err()
+		case <-t.C:
+		}
+		wait *= 2
 	}
-	if err != nil {
-		return false, err
-	}
-	st.w.Flush()
-	return false, nil
 }
 
 // errStreamDone ends a replay at a terminal status.
