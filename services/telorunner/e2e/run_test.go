@@ -104,12 +104,15 @@ func TestDeleteStopsInspectedSession(t *testing.T) {
 	r := startRunner(t, nil)
 	c := r.create(t, runBody(manifest("held", nil, nil), nil, true))
 	sse := openSSE(t, r.URL+c.StreamURL, nil)
-	sse.until(t, 30*time.Second, func(e sseEvent) bool {
+	// Every event of the session is kept: devkernel sends its log frames
+	// (the banner's stdout and stderr lines) before Kernel.Started, so a
+	// check of only the later events could not see a relayed one.
+	all := sse.until(t, 30*time.Second, func(e sseEvent) bool {
 		return e.Event == "run" && strings.Contains(e.Data, `"phase":"started"`) && strings.Contains(e.Data, `"trigger":"initial"`)
 	})
-	sse.until(t, 20*time.Second, func(e sseEvent) bool {
+	all = append(all, sse.until(t, 20*time.Second, func(e sseEvent) bool {
 		return e.Event == "debug" && strings.Contains(e.Data, `"Kernel.Started"`)
-	})
+	})...)
 	if resp := do(t, "DELETE", r.URL+"/v1/sessions/"+c.SessionID, nil, nil); resp.Status != http.StatusNoContent {
 		t.Fatalf("DELETE = %d %s", resp.Status, resp.Body)
 	}
@@ -117,10 +120,29 @@ func TestDeleteStopsInspectedSession(t *testing.T) {
 	if last := rest[len(rest)-1]; !isStatus("stopped")(last) {
 		t.Fatalf("last event = %+v, want stopped", last)
 	}
-	for _, e := range rest {
-		if e.Event == "debug" && strings.Contains(e.Data, `"kind":"log"`) {
+	all = append(all, rest...)
+	if all[0].ID != "1" {
+		t.Fatalf("first event id = %s, want 1 (the check must see the whole session)", all[0].ID)
+	}
+	// The kernel wrote its banner (the lines its log frames carry) and the
+	// frames around it were relayed: Kernel.Starting precedes the banner's
+	// log frames on the kernel's stream, Kernel.Started follows them.
+	debug := map[string]bool{}
+	for _, e := range all {
+		if e.Event != "debug" {
+			continue
+		}
+		if strings.Contains(e.Data, `"kind":"log"`) {
 			t.Fatalf("log frame relayed as debug: %s", e.Data)
 		}
+		for _, name := range []string{"Kernel.Starting", "Kernel.PortsResolved", "Kernel.Started"} {
+			if strings.Contains(e.Data, `"`+name+`"`) {
+				debug[name] = true
+			}
+		}
+	}
+	if len(debug) != 3 {
+		t.Fatalf("debug events seen = %v, want Kernel.Starting, Kernel.PortsResolved and Kernel.Started around the banner's log frames: %s", debug, summarize(all))
 	}
 	// Idempotent: again 204, and unknown ids too.
 	if resp := do(t, "DELETE", r.URL+"/v1/sessions/"+c.SessionID, nil, nil); resp.Status != 204 {
