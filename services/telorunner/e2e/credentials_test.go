@@ -46,15 +46,11 @@ func TestWatchCredentialBoundary(t *testing.T) {
 	read := func(path string) string {
 		var f struct{ Content string }
 		var resp response
-		deadline := time.Now().Add(20 * time.Second)
-		for {
+		if !testkit.Poll(context.Background(), 20*time.Second, func() bool {
 			resp = do(t, "GET", r.URL+"/v1/sessions/"+c.SessionID+"/workspace/file?path="+path, nil, nil)
-			if (resp.Status == 200 && strings.Contains(string(resp.Body), "=")) || time.Now().After(deadline) {
-				break
-			}
-		}
-		if resp.Status != 200 {
-			t.Fatalf("read %s = %d %s", path, resp.Status, resp.Body)
+			return resp.Status == 200 && strings.Contains(string(resp.Body), "=")
+		}) {
+			t.Fatalf("read %s: no variables within 20s; last %d %s", path, resp.Status, resp.Body)
 		}
 		resp.json(t, &f)
 		return f.Content
@@ -65,15 +61,15 @@ func TestWatchCredentialBoundary(t *testing.T) {
 	}
 	var tree struct{ Files []struct{ Path string } }
 	var kernelEnvPath string
-	deadline := time.Now().Add(20 * time.Second)
-	for kernelEnvPath == "" && time.Now().Before(deadline) {
+	testkit.Eventually(t, 20*time.Second, func() bool {
 		do(t, "GET", r.URL+"/v1/sessions/"+c.SessionID+"/workspace", nil, nil).json(t, &tree)
 		for _, f := range tree.Files {
 			if strings.HasPrefix(f.Path, ".kernel-env-") {
 				kernelEnvPath = f.Path
 			}
 		}
-	}
+		return kernelEnvPath != ""
+	}, "no .kernel-env-* file in the workspace tree")
 	kernelEnv := read(kernelEnvPath)
 	if !strings.Contains(kernelEnv, "SESSION_SECRET=s3cr3t") || strings.Contains(kernelEnv, "OPERATOR_KEY") || strings.Contains("\n"+kernelEnv, "\nFORCE_COLOR=") || !strings.Contains(kernelEnv, "CLICOLOR_FORCE=1") {
 		t.Fatalf("kernel env = %q, want the session env and no operator env", kernelEnv)

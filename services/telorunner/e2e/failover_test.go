@@ -63,8 +63,7 @@ func TestCrashRestartRecoversFromCheckpoint(t *testing.T) {
 	}))
 	a := startProcRunner(t, "first", vars)
 	r := &runner{URL: a.URL}
-	c := seedWatch(t, r)
-	want := tree(t, r, c.SessionID)
+	c, want := seedWatch(t, r)
 	// Wait for a checkpoint taken after the edits.
 	nc := (&runner{NATSURL: "nats://127.0.0.1:" + strconv.Itoa(natsPort), DataDir: vars["RUNNER_DATA_DIR"]}).connect(t, bus.RoleSupervisor)
 	js, _ := jetstream.New(nc)

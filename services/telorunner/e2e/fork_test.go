@@ -218,7 +218,7 @@ func TestForkLiveSession(t *testing.T) {
 // body's apps replace the source's.
 func TestForkSuspendedWithApps(t *testing.T) {
 	r := watchRunner(t, fastSupervisor)
-	src := seedWatch(t, r)
+	src, _ := seedWatch(t, r)
 	want := tree(t, r, src.SessionID)
 	waitStatus(t, r, src.SessionID, "suspended", 60*time.Second)
 	resp := do(t, "POST", r.URL+"/v1/sessions/"+src.SessionID+"/fork", map[string]any{"apps": []map[string]any{

@@ -531,6 +531,23 @@ func openIO(t *testing.T, url string, hdr http.Header) *ioConn {
 	return ic
 }
 
+// next waits for one frame, failing after timeout with what it waited for.
+func (c *ioConn) next(t *testing.T, timeout time.Duration, what string) ioFrame {
+	t.Helper()
+	tm := time.NewTimer(timeout)
+	defer tm.Stop()
+	select {
+	case f, ok := <-c.Frames:
+		if !ok {
+			t.Fatalf("io closed while waiting for %s (%v)", what, <-c.CloseErr)
+		}
+		return f
+	case <-tm.C:
+		t.Fatalf("no io frame within %v while waiting for %s", timeout, what)
+	}
+	return ioFrame{}
+}
+
 // readUntil reads frames until the concatenated payload contains want.
 func (c *ioConn) readUntil(t *testing.T, timeout time.Duration, want string) ([]ioFrame, string) {
 	t.Helper()
@@ -584,7 +601,10 @@ func (c *ioConn) readStreams(t *testing.T, timeout time.Duration, wantOut, wantE
 	deadline := time.After(timeout)
 	for !strings.Contains(out.String(), wantOut) || !strings.Contains(errOut.String(), wantErr) {
 		select {
-		case f := <-c.Frames:
+		case f, ok := <-c.Frames:
+			if !ok {
+				t.Fatalf("io closed before its streams carried %q and %q; stdout %q stderr %q (%v)", wantOut, wantErr, out.String(), errOut.String(), <-c.CloseErr)
+			}
 			switch f.Tag {
 			case 1:
 				out.Write(f.Payload)

@@ -188,8 +188,7 @@ func TestKubernetesBackend(t *testing.T) {
 // in a new pod from the checkpoint under the same id.
 func kubeSuspendRestartResume(t *testing.T, k *kubeCluster, dataDir string) {
 	r := k.runner(t, dataDir, fastSupervisor)
-	c := seedWatch(t, r)
-	before := tree(t, r, c.SessionID)
+	c, before := seedWatch(t, r)
 	first := k.pod(t, c.SessionID)
 	waitStatus(t, r, c.SessionID, "suspended", 30*time.Second)
 	k.gone(t, c.SessionID)
@@ -244,7 +243,7 @@ func kubeRunSession(t *testing.T, k *kubeCluster, r *runner) {
 		return ok && slices.Equal(ports, []string{fmt.Sprintf("tcp-%d", port)}) && slices.Equal(hosts, []string{host})
 	}, "the run session's Service and Ingress for port %d", port)
 	io := openIO(t, wsURL(r.URL)+"/v1/sessions/"+c.SessionID+"/io", nil)
-	<-io.Frames // seq
+	io.next(t, 10*time.Second, "the seq control frame")
 	io.readUntil(t, 30*time.Second, "devkernel hello generation 1 tty=true")
 	if err := io.WriteMessage(2, []byte("ping\r")); err != nil {
 		t.Fatal(err)
@@ -506,7 +505,7 @@ func kubeWatchIOModes(t *testing.T, k *kubeCluster, r *runner) {
 	})
 
 	p := openIO(t, wsURL(r.URL)+"/v1/sessions/"+c.SessionID+"/io?app=pipes", nil)
-	if f := <-p.Frames; !strings.Contains(f.Text, `"io":"streams"`) {
+	if f := p.next(t, 10*time.Second, "the streams app's seq control frame"); !strings.Contains(f.Text, `"io":"streams"`) {
 		t.Fatalf("seq frame = %+v", f)
 	}
 	if resp := do(t, "POST", r.URL+"/v1/sessions/"+c.SessionID+"/reload?app=pipes", nil, nil); resp.Status != 202 {
@@ -518,23 +517,19 @@ func kubeWatchIOModes(t *testing.T, k *kubeCluster, r *runner) {
 	if err := p.WriteMessage(1, []byte(`{"type":"resize","cols":80,"rows":24}`)); err != nil {
 		t.Fatal(err)
 	}
-	for reply := false; !reply; {
-		select {
-		case f := <-p.Frames:
-			if f.Text == "" {
-				continue // more output of the reloaded generation
-			}
-			if f.Text != `{"type":"error","error":"resize_unsupported","io":"streams"}` {
-				t.Fatalf("resize reply = %+v", f)
-			}
-			reply = true
-		case <-time.After(10 * time.Second):
-			t.Fatal("no resize_unsupported reply")
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		f := p.next(t, time.Until(deadline), "the resize_unsupported reply")
+		if f.Text == "" {
+			continue // more output of the reloaded generation
 		}
+		if f.Text != `{"type":"error","error":"resize_unsupported","io":"streams"}` {
+			t.Fatalf("resize reply = %+v", f)
+		}
+		break
 	}
 
 	tty := openIO(t, wsURL(r.URL)+"/v1/sessions/"+c.SessionID+"/io?app=tty", nil)
-	if f := <-tty.Frames; !strings.Contains(f.Text, `"io":"tty"`) {
+	if f := tty.next(t, 10*time.Second, "the tty app's seq control frame"); !strings.Contains(f.Text, `"io":"tty"`) {
 		t.Fatalf("tty seq frame = %+v", f)
 	}
 	if resp := do(t, "POST", r.URL+"/v1/sessions/"+c.SessionID+"/reload?app=tty", nil, nil); resp.Status != 202 {

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/testkit"
 	"github.com/telorunner/telorunner/services/api-edge/edge"
 )
 
@@ -41,17 +42,16 @@ func startEdge(t *testing.T, r *runner, vars map[string]string) string {
 		nc.Close()
 	})
 	url := "http://" + ln.Addr().String()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, err := http.Get(url + "/v1/health")
-		if err == nil {
+	if !testkit.Poll(context.Background(), 10*time.Second, func() bool {
+		var resp *http.Response
+		if resp, err = http.Get(url + "/v1/health"); err == nil {
 			resp.Body.Close()
-			return url
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("second edge not serving: %v", err)
-		}
+		return err == nil
+	}) {
+		t.Fatalf("second edge not serving /v1/health within 10s: %v", err)
 	}
+	return url
 }
 
 // A session created on one edge is streamed (SSE and io) from another with

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -55,7 +56,7 @@ func TestRunSessionLifecycle(t *testing.T) {
 	}
 
 	io := openIO(t, wsURL(r.URL)+"/v1/sessions/"+c.SessionID+"/io?lastSeq=0", nil)
-	first := <-io.Frames
+	first := io.next(t, 10*time.Second, "the seq control frame")
 	if first.Text != `{"app":"app","io":"tty","seq":0,"type":"seq"}` && !strings.Contains(first.Text, `"type":"seq"`) {
 		t.Fatalf("first io frame = %+v, want seq control frame", first)
 	}
@@ -224,8 +225,13 @@ func TestIOResume(t *testing.T) {
 			}
 		}
 		want := data[k:]
-		if len(bin) != len(want) || bin[0].Seq != want[0].Seq || string(bin[len(bin)-1].Payload) != string(want[len(want)-1].Payload) {
-			t.Fatalf("resume after %d: %d frames from %d, want %d from %d", k, len(bin), bin[0].Seq, len(want), want[0].Seq)
+		if len(bin) != len(want) {
+			t.Fatalf("resume after %d: %d frames, want %d", k, len(bin), len(want))
+		}
+		for i := range want {
+			if bin[i].Seq != want[i].Seq || bin[i].Tag != want[i].Tag || !bytes.Equal(bin[i].Payload, want[i].Payload) {
+				t.Fatalf("resume after %d: frame %d = seq %d tag %d %d bytes, want seq %d tag %d %d bytes (same payload)", k, i, bin[i].Seq, bin[i].Tag, len(bin[i].Payload), want[i].Seq, want[i].Tag, len(want[i].Payload))
+			}
 		}
 	}
 }

@@ -63,7 +63,12 @@ func tree(t *testing.T, r *runner, id string) string {
 
 var binaryContent = string([]byte{0, 1, 2, 255, 254, 10, 13, 0x80, 'x'})
 
-func seedWatch(t *testing.T, r *runner) createdResp {
+// seedWatch creates a watch session, edits its workspace and returns it
+// with its tree listing. An SSE client holds the session awake (presence)
+// for the whole setup, so the idle window only starts when seedWatch
+// returns: a slow setup on a loaded machine cannot be cut short by an idle
+// suspend.
+func seedWatch(t *testing.T, r *runner) (createdResp, string) {
 	t.Helper()
 	c := r.create(t, watchBody(map[string]string{"telo.yaml": manifest("sleepy", nil, nil), "notes/a.txt": "alpha\n"}, []app{{Name: "app", Entry: "telo.yaml"}}, ""))
 	// An open event stream keeps the session awake until the edits are in:
@@ -81,7 +86,7 @@ func seedWatch(t *testing.T, r *runner) createdResp {
 	if resp.Status != 200 {
 		t.Fatalf("write = %d %s", resp.Status, resp.Body)
 	}
-	return c
+	return c, tree(t, r, c.SessionID)
 }
 
 func assertResumed(t *testing.T, r *runner, id, wantTree string) {
@@ -131,8 +136,7 @@ func assertResumed(t *testing.T, r *runner, id, wantTree string) {
 
 func TestIdleSuspendAndResume(t *testing.T) {
 	r := watchRunner(t, fastSupervisor)
-	c := seedWatch(t, r)
-	before := tree(t, r, c.SessionID)
+	c, before := seedWatch(t, r)
 	waitStatus(t, r, c.SessionID, "suspended", 30*time.Second)
 	for _, path := range []string{"/workspace", "/reload"} {
 		method := "GET"
@@ -155,8 +159,7 @@ func TestResumeAfterFullRestart(t *testing.T) {
 	dir := t.TempDir()
 	vars := merge(fastSupervisor, map[string]string{"RUNNER_WATCH_SESSIONS": "true", "RUNNER_DATA_DIR": dir})
 	r := startRunner(t, vars)
-	c := seedWatch(t, r)
-	before := tree(t, r, c.SessionID)
+	c, before := seedWatch(t, r)
 	waitStatus(t, r, c.SessionID, "suspended", 30*time.Second)
 	r.stop()
 
@@ -177,10 +180,14 @@ func TestPresenceKeepsSessionsAwake(t *testing.T) {
 	withIO := r.create(t, body("io"))
 	alone := r.create(t, body("alone"))
 	sse := openSSE(t, other+withSSE.StreamURL, nil)
+	// withIO is held awake by an SSE client until its io client is open:
+	// its setup is not raced by the idle window.
+	hold := openSSE(t, r.URL+withIO.StreamURL, nil)
 	sse.until(t, 60*time.Second, isStatus("running"))
-	waitStatus(t, r, withIO.SessionID, "running", 60*time.Second)
+	hold.until(t, 60*time.Second, isStatus("running"))
 	io := openIO(t, wsURL(r.URL)+"/v1/sessions/"+withIO.SessionID+"/io", nil)
-	<-io.Frames
+	io.next(t, 10*time.Second, "the seq control frame")
+	hold.Close()
 	waitStatus(t, r, alone.SessionID, "suspended", 30*time.Second)
 	// Well past the idle window, the watched ones are still running.
 	// Well past the idle window (6 s against 5 s), check every 100 ms.
@@ -273,7 +280,7 @@ func TestPutAppsAddsAndRemoves(t *testing.T) {
 // Evicted sessions leave no record, subjects, bundle or checkpoint.
 func TestSuspendedTTLEvictsEverything(t *testing.T) {
 	r := watchRunner(t, merge(fastSupervisor, map[string]string{"RUNNER_WATCH_SUSPENDED_TTL_SECONDS": "1"}))
-	c := seedWatch(t, r)
+	c, _ := seedWatch(t, r)
 	waitStatus(t, r, c.SessionID, "suspended", 30*time.Second)
 	testkit.Eventually(t, 30*time.Second, func() bool {
 		return do(t, "GET", r.URL+"/v1/sessions/"+c.SessionID, nil, nil).Status == 404
@@ -311,7 +318,7 @@ func TestCleanRestartSuspendsWatchSessions(t *testing.T) {
 	dir := t.TempDir()
 	vars := map[string]string{"RUNNER_WATCH_SESSIONS": "true", "RUNNER_DATA_DIR": dir}
 	r := startRunner(t, vars)
-	c := seedWatch(t, r)
+	c, _ := seedWatch(t, r)
 	writeFiles(t, r, c.SessionID, map[string]string{"last-second.txt": "saved just before the restart\n"})
 	before := tree(t, r, c.SessionID)
 	r.stop()
@@ -324,7 +331,7 @@ func TestCleanRestartSuspendsWatchSessions(t *testing.T) {
 // resume re-checks the watch ceiling (19.20).
 func TestSuspendedDeleteAndResumeCeiling(t *testing.T) {
 	r := watchRunner(t, merge(fastSupervisor, map[string]string{"RUNNER_WATCH_MAX_SESSIONS": "1"}))
-	c := seedWatch(t, r)
+	c, _ := seedWatch(t, r)
 	waitStatus(t, r, c.SessionID, "suspended", 30*time.Second)
 	// Another live watch session takes the only slot: resume is refused.
 	other := r.create(t, watchBody(map[string]string{"telo.yaml": manifest("other", nil, nil)}, []app{{Name: "app", Entry: "telo.yaml"}}, ""))

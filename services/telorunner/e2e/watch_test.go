@@ -236,7 +236,7 @@ func TestWatchIOModes(t *testing.T) {
 	}
 
 	p := openIO(t, wsURL(r.URL)+"/v1/sessions/"+c.SessionID+"/io?app=pipes", nil)
-	if f := <-p.Frames; !strings.Contains(f.Text, `"io":"streams"`) || !strings.Contains(f.Text, `"app":"pipes"`) {
+	if f := p.next(t, 10*time.Second, "the streams app's seq control frame"); !strings.Contains(f.Text, `"io":"streams"`) || !strings.Contains(f.Text, `"app":"pipes"`) {
 		t.Fatalf("seq frame = %+v", f)
 	}
 	out, errOut := p.readStreams(t, 30*time.Second, "tty=false", "ready")
@@ -259,7 +259,7 @@ func TestWatchIOModes(t *testing.T) {
 	}
 
 	tty := openIO(t, wsURL(r.URL)+"/v1/sessions/"+c.SessionID+"/io?app=tty", nil)
-	if f := <-tty.Frames; !strings.Contains(f.Text, `"io":"tty"`) {
+	if f := tty.next(t, 10*time.Second, "the tty app's seq control frame"); !strings.Contains(f.Text, `"io":"tty"`) {
 		t.Fatalf("tty seq frame = %+v", f)
 	}
 	frames, text := tty.readUntil(t, 30*time.Second, "tty=true")

@@ -133,6 +133,7 @@ func (s *Server) events(c *gin.Context) {
 			if e.Seq > st.last+1 {
 				// Entries were dropped for this slow client: fill the hole
 				// from the log (only the hole is read).
+				s.m.streamRepairs.WithLabelValues("sse").Inc()
 				if done, err := s.replay(ctx, st, subject, e.Seq-1); done || err != nil {
 					return
 				}
@@ -150,6 +151,9 @@ func (s *Server) events(c *gin.Context) {
 		}
 		if f.lagged.Load() && f.waiting() == 0 {
 			f.lagged.Store(false)
+			if f.last() > st.last {
+				s.m.streamRepairs.WithLabelValues("sse").Inc()
+			}
 			if done, err := s.replay(ctx, st, subject, f.last()); done || err != nil {
 				return
 			}

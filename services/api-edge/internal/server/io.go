@@ -244,8 +244,11 @@ func (s *Server) io(c *gin.Context) {
 			if e.Seq <= delivered {
 				break
 			}
-			if e.Seq > delivered+1 && !fill(e.Seq-1) {
-				return
+			if e.Seq > delivered+1 {
+				s.m.streamRepairs.WithLabelValues("io").Inc()
+				if !fill(e.Seq - 1) {
+					return
+				}
 			}
 			if e.Seq > delivered {
 				if !send(outFrame{seq: e.Seq, data: e.Data}) {
@@ -256,6 +259,9 @@ func (s *Server) io(c *gin.Context) {
 		}
 		if f.lagged.Load() && f.waiting() == 0 {
 			f.lagged.Store(false)
+			if f.last() > delivered {
+				s.m.streamRepairs.WithLabelValues("io").Inc()
+			}
 			if !fill(f.last()) {
 				return
 			}
