@@ -295,15 +295,29 @@ func TestWatchReloadBudget(t *testing.T) {
 	}
 }
 
-// Every workspace route refuses a traversal corpus, and nothing lands
-// outside the workspace.
+// Every workspace route refuses a traversal corpus (write, delete and read,
+// each checked), and nothing lands outside the workspace: a sentinel file
+// beside the workspace and beside each of its ancestors up to the data
+// directory, where the corpus's ../ paths point, stays as it was, is never
+// read back, and never shows in the tree listing.
 func TestWatchWorkspaceTraversal(t *testing.T) {
 	r := watchRunner(t, map[string]string{"RUNNER_WATCH_RELOAD_LIMIT": "1000"})
 	c := r.create(t, watchBody(map[string]string{"telo.yaml": manifest("t", nil, nil)}, []app{{Name: "app", Entry: "telo.yaml"}}, ""))
 	openSSE(t, r.URL+c.StreamURL, nil).until(t, 60*time.Second, isStatus("running"))
-	sentinel := filepath.Join(r.DataDir, "sentinel")
-	if err := os.MkdirAll(sentinel, 0o755); err != nil {
-		t.Fatal(err)
+	ws := workspaceDir(t, r.DataDir)
+	var sentinels []string
+	for dir := filepath.Dir(ws); ; dir = filepath.Dir(dir) {
+		p := filepath.Join(dir, "sentinel", "pwn")
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("sentinel\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		sentinels = append(sentinels, p)
+		if dir == filepath.Clean(r.DataDir) || len(dir) <= len(filepath.Clean(r.DataDir)) {
+			break
+		}
 	}
 	before := listTree(t, r.DataDir)
 	corpus := []string{
@@ -313,20 +327,28 @@ func TestWatchWorkspaceTraversal(t *testing.T) {
 		"a/./../../x", "a/b/../../../x", "../workspace/x", "../../../../../../../../tmp/x",
 		"....//..//x/..", "x/../..", "%2e%2e/x/../..", "..\\../x/../..",
 	}
-	bad := 0
-	for _, p := range corpus {
-		if resp := do(t, "POST", r.URL+"/v1/sessions/"+c.SessionID+"/workspace", map[string]any{"write": []map[string]any{{"path": p, "content": "pwned"}}}, nil); resp.Status == 200 {
-			if strings.Contains(p, "..") && !strings.HasPrefix(p, "%2e") {
-				t.Errorf("write %q accepted", p)
-			}
-		} else {
-			bad++
+	refused := func(what, p string, resp response) bool {
+		want := `"error":"invalid_path"`
+		if p == "" && what != "read" {
+			want = `"error":"invalid_request"` // the body schema's minLength 1 (4.9)
 		}
-		do(t, "POST", r.URL+"/v1/sessions/"+c.SessionID+"/workspace", map[string]any{"delete": []string{p}}, nil)
-		do(t, "GET", r.URL+"/v1/sessions/"+c.SessionID+"/workspace/file?path="+urlQuery(p), nil, nil)
+		if resp.Status != 400 || !strings.Contains(string(resp.Body), want) {
+			t.Errorf("%s %q = %d %s, want 400 %s", what, p, resp.Status, resp.Body, want)
+			return false
+		}
+		return true
 	}
-	if bad < 30 {
-		t.Errorf("only %d of %d corpus writes refused", bad, len(corpus))
+	n := 0
+	for _, p := range corpus {
+		w := refused("write", p, do(t, "POST", r.URL+"/v1/sessions/"+c.SessionID+"/workspace", map[string]any{"write": []map[string]any{{"path": p, "content": "pwned"}}}, nil))
+		d := refused("delete", p, do(t, "POST", r.URL+"/v1/sessions/"+c.SessionID+"/workspace", map[string]any{"delete": []string{p}}, nil))
+		g := refused("read", p, do(t, "GET", r.URL+"/v1/sessions/"+c.SessionID+"/workspace/file?path="+urlQuery(p), nil, nil))
+		if w && d && g {
+			n++
+		}
+	}
+	if n != len(corpus) {
+		t.Errorf("%d of %d corpus paths refused on every route, want all", n, len(corpus))
 	}
 	// Absolute paths normalize INTO the workspace.
 	writeFiles(t, r, c.SessionID, map[string]string{"/etc/abs.txt": "inside"})
@@ -335,17 +357,40 @@ func TestWatchWorkspaceTraversal(t *testing.T) {
 	if f.Content != "inside" {
 		t.Fatalf("absolute path landed at %+v, want inside the workspace at etc/abs.txt", f)
 	}
+	if listing := tree(t, r, c.SessionID); strings.Contains(listing, "sentinel") || strings.Contains(listing, "pwn") {
+		t.Errorf("the workspace tree reports a file outside the workspace: %s", listing)
+	}
 	after := listTree(t, r.DataDir)
 	for p := range after {
-		if _, ok := before[p]; !ok && !strings.Contains(p, "/workspace/") && !strings.Contains(p, "nats") {
+		if _, ok := before[p]; !ok && !strings.HasPrefix(p, ws+"/") && !strings.Contains(p, "nats") {
 			t.Errorf("new file outside the workspace: %s", p)
 		}
 	}
-	for p := range before {
-		if strings.HasPrefix(p, sentinel) && before[p] != after[p] {
-			t.Errorf("sentinel changed: %s", p)
+	for _, p := range sentinels {
+		got, err := os.ReadFile(p)
+		if err != nil || string(got) != "sentinel\n" || after[p] != before[p] {
+			t.Errorf("sentinel %s changed: %q %v (stat %s, was %s)", p, got, err, after[p], before[p])
 		}
 	}
+}
+
+// workspaceDir finds the one watch workspace under dataDir: the directory
+// named workspace that holds the seeded telo.yaml.
+func workspaceDir(t *testing.T, dataDir string) string {
+	t.Helper()
+	var found []string
+	_ = filepath.Walk(dataDir, func(p string, info os.FileInfo, err error) error {
+		if err == nil && info.IsDir() && info.Name() == "workspace" {
+			if _, err := os.Stat(filepath.Join(p, "telo.yaml")); err == nil {
+				found = append(found, p)
+			}
+		}
+		return nil
+	})
+	if len(found) != 1 {
+		t.Fatalf("workspace directories with telo.yaml under %s = %v, want one", dataDir, found)
+	}
+	return found[0]
 }
 
 func urlQuery(s string) string {
