@@ -3,6 +3,7 @@ package supervisor
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"strings"
@@ -88,17 +89,21 @@ func TestLeaderElectionAndTakeover(t *testing.T) {
 	if _, err := e.store.Owners.Create(context.Background(), LeaderKey, []byte("ghost")); err != nil {
 		t.Fatal(err)
 	}
-	stopA := e.run(t, Config{ID: "a", Tick: 50 * time.Millisecond})
-	e.run(t, Config{ID: "b", Tick: 50 * time.Millisecond})
-	testkit.Eventually(t, 10*time.Second, func() bool { l := e.leader(t); return l == "a" || l == "b" }, "a live replica leads after the ghost's key expired")
-	first := e.leader(t)
-	if first == "a" {
-		stopA()
-		testkit.Eventually(t, 10*time.Second, func() bool { return e.leader(t) == "b" }, "b takes over from a")
+	stop := map[string]func(){
+		"a": e.run(t, Config{ID: "a", Tick: 50 * time.Millisecond}),
+		"b": e.run(t, Config{ID: "b", Tick: 50 * time.Millisecond}),
 	}
+	testkit.Eventually(t, 10*time.Second, func() bool { l := e.leader(t); return l == "a" || l == "b" }, "a live replica leads after the ghost's key expired")
+	// Whichever replica won, the other takes over once it stops.
+	first := e.leader(t)
+	other := map[string]string{"a": "b", "b": "a"}[first]
+	stop[first]()
+	testkit.Eventually(t, 10*time.Second, func() bool { return e.leader(t) == other }, "%s takes over from %s", other, first)
 }
 
-// Terminal sessions are evicted after the exit TTL, live ones are not.
+// Terminal sessions are evicted after the exit TTL, live ones are not: a
+// running session created long ago whose driver holds (and renews) its
+// owner key keeps its record and its events through many reconciles.
 func TestExitTTLEviction(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
@@ -118,17 +123,48 @@ func TestExitTTLEviction(t *testing.T) {
 	if err := e.store.Create(ctx, session.Record{ID: "cccccccccccc", Mode: contract.ModeRun, Status: contract.Status{Kind: contract.StatusStopped}, ExitedAt: &recent, CreatedAt: recent}); err != nil {
 		t.Fatal(err)
 	}
+	// The live one: running for an hour, owned by a driver that renews.
+	const live = "kkkkkkkkkkkk"
+	running := contract.Status{Kind: contract.StatusRunning, Endpoints: []contract.Endpoint{}}
+	if err := e.store.Create(ctx, session.Record{ID: live, Mode: contract.ModeRun, Status: running, CreatedAt: old}); err != nil {
+		t.Fatal(err)
+	}
+	liveTail, err := e.store.Emit(ctx, live, contract.StatusEvent(running))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, err := e.store.Owners.Create(ctx, live, []byte("driver-a"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	e.run(t, Config{Tick: 50 * time.Millisecond, ExitTTL: 30 * time.Minute})
 	testkit.Eventually(t, 10*time.Second, func() bool {
 		_, _, err1 := e.store.Get(ctx, "aaaaaaaaaaaa")
 		_, _, err2 := e.store.Get(ctx, "bbbbbbbbbbbb")
-		return err1 == session.ErrNotFound && err2 == session.ErrNotFound
+		return errors.Is(err1, session.ErrNotFound) && errors.Is(err2, session.ErrNotFound)
 	}, "old terminal sessions evicted")
+	// More reconciles, the live session's driver renewing meanwhile.
+	for range 5 {
+		ticks(t, e, 1)
+		if rev, err = e.store.Owners.Update(ctx, live, []byte("driver-a"), rev); err != nil {
+			t.Fatalf("renew the live session's owner key: %v", err)
+		}
+	}
 	if _, _, err := e.store.Get(ctx, "cccccccccccc"); err != nil {
 		t.Fatalf("recent terminal session evicted early: %v", err)
 	}
-	if tail, _ := e.store.Events.Tail(ctx, bus.EventsSubject("aaaaaaaaaaaa")); tail != 0 {
-		t.Fatalf("evicted session's events remain (tail %d)", tail)
+	got, _, err := e.store.Get(ctx, live)
+	if err != nil {
+		t.Fatalf("live session: %v (evicted?)", err)
+	}
+	if got.Status.Kind != contract.StatusRunning {
+		t.Fatalf("live session status = %+v, want running (untouched)", got.Status)
+	}
+	if tail, err := e.store.Events.Tail(ctx, bus.EventsSubject(live)); err != nil || tail != liveTail {
+		t.Fatalf("live session's event tail = %d, %v; want %d (its events kept)", tail, err, liveTail)
+	}
+	if tail, err := e.store.Events.Tail(ctx, bus.EventsSubject("aaaaaaaaaaaa")); err != nil || tail != 0 {
+		t.Fatalf("evicted session's events remain (tail %d, %v)", tail, err)
 	}
 }
 
