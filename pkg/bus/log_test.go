@@ -163,17 +163,27 @@ func TestByteBudgetTrimsAndReportsGap(t *testing.T) {
 	}
 }
 
+// A new Log continues the subject's sequence — in the same process, after
+// a stale Log, and after the nats-server itself restarted on the same store
+// directory (a new process with a new Log): no Runner-Seq is reused and
+// every entry written before the restart is still read back in order.
 func TestAppendAfterRestartContinuesSequence(t *testing.T) {
-	js := setup(t, bus.Limits{})
-	ctx := context.Background()
+	dir := t.TempDir()
+	s := testkit.StartJetStream(t, dir)
+	testkit.Provision(t, s, bus.Limits{})
+	nc, js := testkit.Connect(t, s, bus.RoleDriver)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
 	subject := bus.EventsSubject("dddddddddddd")
+	var want []string
 	a := bus.NewLog(js, bus.StreamEvents, 1<<20)
-	for range 5 {
-		if _, err := a.Append(ctx, subject, []byte("x"), nil); err != nil {
+	for i := range 5 {
+		want = append(want, fmt.Sprint("x", i))
+		if _, err := a.Append(ctx, subject, []byte(want[i]), nil); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// A fresh process (new Log) continues at 6.
+	// A fresh Log continues at 6.
 	b := bus.NewLog(js, bus.StreamEvents, 1<<20)
 	seq, err := b.Append(ctx, subject, []byte("y"), nil)
 	if err != nil || seq != 6 {
@@ -183,6 +193,34 @@ func TestAppendAfterRestartContinuesSequence(t *testing.T) {
 	seq, err = a.Append(ctx, subject, []byte("z"), nil)
 	if err != nil || seq != 7 {
 		t.Fatalf("stale Append() = %d, %v, want 7", seq, err)
+	}
+	want = append(want, "y", "z")
+
+	// Restart the server on the same store directory, and the writer.
+	nc.Close()
+	s.Shutdown()
+	s.WaitForShutdown()
+	s2 := testkit.StartJetStream(t, dir)
+	_, js2 := testkit.Connect(t, s2, bus.RoleDriver)
+	c := bus.NewLog(js2, bus.StreamEvents, 1<<20)
+	seq, err = c.Append(ctx, subject, []byte("after restart"), nil)
+	if err != nil || seq != 8 {
+		t.Fatalf("Append() after the restart = %d, %v, want 8", seq, err)
+	}
+	want = append(want, "after restart")
+	r, err := c.Read(ctx, subject, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	for i, w := range want {
+		e, _, _, err := r.Next()
+		if err != nil {
+			t.Fatalf("read entry %d after the restart: %v", i+1, err)
+		}
+		if e.Seq != uint64(i+1) || string(e.Data) != w {
+			t.Fatalf("entry %d after the restart = seq %d %q, want seq %d %q", i+1, e.Seq, e.Data, i+1, w)
+		}
 	}
 }
 
