@@ -141,6 +141,16 @@ func TestFailoverBetweenDrivers(t *testing.T) {
 	if owner == "driver-a" {
 		survivor = "driver-b"
 	}
+	// The supervisor's adopt request is what the survivor acts on: watch
+	// for it (a plain subscription sees the work queue's publishes).
+	adminNC, _ := testkit.Connect(t, ns, testkit.Admin)
+	adopts, err := adminNC.SubscribeSync(bus.SubjectCmdAdopt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := adminNC.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	old := processesUnder(work)
 	procs[owner].kill9(t)
 	killed := time.Now()
@@ -160,6 +170,12 @@ func TestFailoverBetweenDrivers(t *testing.T) {
 	sseIDs(t, lastID, evs)
 	if e, err := owners.Get(context.Background(), c.SessionID); err != nil || string(e.Value()) != survivor {
 		t.Errorf("owner after failover = %v, %v; want %s", e, err, survivor)
+	}
+	// The adoption was requested (by the supervisor: nothing else asks for
+	// a session nobody deleted) and the surviving driver ran it.
+	m, err := adopts.NextMsg(time.Second)
+	if err != nil || string(m.Data) != c.SessionID {
+		t.Errorf("adopt request after the kill = %v, %v; want one for %s", m, err, c.SessionID)
 	}
 	var f struct{ Content string }
 	do(t, "GET", surv.URL+"/v1/sessions/"+c.SessionID+"/workspace/file?path=notes.txt", nil, nil).json(t, &f)
