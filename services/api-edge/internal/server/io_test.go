@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/testkit"
 )
 
 // ioSession creates a run session whose one app "web" has io mode, and
@@ -71,9 +73,9 @@ func TestIOSlowClientBoundedAndComplete(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Let the edge fill everything it will fill.
-	time.Sleep(500 * time.Millisecond) //nolint:forbidigo // give a non-reading client's edge time to buffer what it would
-	held := e.srv.ioHeld.v.Load()
+	// Wait until the edge filled everything it will fill: what it holds
+	// for the socket stopped growing.
+	held := settled(t, "the bytes the edge holds for a non-reading io client", e.srv.ioHeld.v.Load)
 	bound := int64(ioSendQueue)*(size+5) + ioFollowBytes + size
 	if held > bound {
 		t.Errorf("a non-reading client held %d bytes on the edge, want <= %d", held, bound)
@@ -114,27 +116,33 @@ func TestIOStreamsResizeWhileSlow(t *testing.T) {
 	chunk := make([]byte, 64<<10)
 	chunk[0] = 1 // stdout
 	// Fill the socket (the client reads nothing yet).
-	const output, resizes = 256, 2000
+	const output, more, resizes = 256, 16, 2000
 	for range output {
 		if _, err := log.Append(ctx, subject, chunk, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(300 * time.Millisecond) //nolint:forbidigo // let the edge's queues fill
-	// Resize replies queue behind it, from the reader goroutine.
-	for range resizes {
-		if err := c.WriteMessage(websocket.TextMessage, []byte(`{"type":"resize","cols":80,"rows":24}`)); err != nil {
+	settled(t, "the bytes the edge holds for a non-reading io client", e.srv.ioHeld.v.Load)
+	// Resize replies queue behind it, from the reader goroutine, while
+	// more output meets the full queue in the main loop.
+	wrote := make(chan error, 1)
+	go func() {
+		for range resizes {
+			if err := c.WriteMessage(websocket.TextMessage, []byte(`{"type":"resize","cols":80,"rows":24}`)); err != nil {
+				wrote <- err
+				return
+			}
+		}
+		wrote <- nil
+	}()
+	for range more {
+		if _, err := log.Append(ctx, subject, chunk, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(300 * time.Millisecond) //nolint:forbidigo // let the reader goroutine answer what it can
-	// More output meets the full queue in the main loop.
-	if _, err := log.Append(ctx, subject, chunk, nil); err != nil {
-		t.Fatal(err)
-	}
 	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
 	frames, errs := 0, 0
-	for frames < output+1 || errs < resizes {
+	for frames < output+more || errs < resizes {
 		kind, data, err := c.ReadMessage()
 		if err != nil {
 			t.Fatalf("after %d frames and %d resize errors: %v", frames, errs, err)
@@ -148,6 +156,30 @@ func TestIOStreamsResizeWhileSlow(t *testing.T) {
 		}
 		errs++
 	}
+	select {
+	case err := <-wrote:
+		if err != nil {
+			t.Fatalf("write resize: %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the resize writer did not finish")
+	}
+}
+
+// settled waits until value stops changing (the same for 300 ms) and is
+// not zero, failing after 30 s with what it waited for; it returns it.
+func settled(t *testing.T, what string, value func() int64) int64 {
+	t.Helper()
+	last, since := value(), time.Now()
+	if !testkit.Poll(context.Background(), 30*time.Second, func() bool {
+		if v := value(); v != last {
+			last, since = v, time.Now()
+		}
+		return last != 0 && time.Since(since) >= 300*time.Millisecond
+	}) {
+		t.Fatalf("%s did not settle within 30s (last %d)", what, last)
+	}
+	return last
 }
 
 // A terminal status event that JetStream refused (a stale writer's publish,
@@ -167,13 +199,21 @@ func TestIOIgnoresRefusedTerminalPublish(t *testing.T) {
 	if _, err := e.driver.PublishMsg(ctx, stale, jetstream.WithExpectLastSequencePerSubject(1<<40)); err == nil {
 		t.Fatal("the stale publish was stored")
 	}
-	time.Sleep(200 * time.Millisecond) //nolint:forbidigo // give a wrong drain time to close the socket
-	if _, err := log.Append(ctx, subject, []byte("\x00after"), nil); err != nil {
+	if err := e.driverNC.Flush(); err != nil { // the server has routed it to the edge
 		t.Fatal(err)
 	}
-	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	kind, data, err := c.ReadMessage()
-	if err != nil || kind != websocket.BinaryMessage || string(data[5:]) != "after" {
-		t.Fatalf("read = %d %q %v, want the frame appended after the refused terminal publish", kind, data, err)
+	// A wrong drain closes the socket once it delivered the tail it saw:
+	// each round trip gives it the chance, and the socket must outlive
+	// them all.
+	for i := range 5 {
+		want := fmt.Sprint("after ", i)
+		if _, err := log.Append(ctx, subject, []byte("\x00"+want), nil); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		kind, data, err := c.ReadMessage()
+		if err != nil || kind != websocket.BinaryMessage || string(data[5:]) != want {
+			t.Fatalf("read = %d %q %v, want %q appended after the refused terminal publish", kind, data, err, want)
+		}
 	}
 }
