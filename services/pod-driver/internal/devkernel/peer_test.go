@@ -1,10 +1,13 @@
 package devkernel
 
 import (
+	"context"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/telorunner/telorunner/pkg/testkit"
 )
 
 func TestParsePeerWorkload(t *testing.T) {
@@ -35,9 +38,10 @@ func TestPeerWorkloadGatedOutput(t *testing.T) {
 		writeManifest(t, manifest("peer", "")))
 	banner := "devkernel peer generation 1 tty=false\n"
 	p.waitStdout(t, banner)
-	time.Sleep(200 * time.Millisecond)
-	if got := p.stdout.String(); got != banner {
-		t.Fatalf("stdout before the gate = %q, want only the banner", got)
+	// Nothing more before the gate: watched for 200 ms, failing as soon as
+	// anything else arrives.
+	if testkit.Poll(context.Background(), 200*time.Millisecond, func() bool { return p.stdout.String() != banner }) {
+		t.Fatalf("stdout before the gate = %q, want only the banner", p.stdout.String())
 	}
 	if _, err := p.stdin.Write([]byte("g")); err != nil {
 		t.Fatal(err)

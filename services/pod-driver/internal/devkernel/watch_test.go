@@ -7,14 +7,22 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/telorunner/telorunner/pkg/testkit"
 )
 
-// startWatcher runs a fast watcher on path; changes are counted, not
-// coalesced. Cleanup stops it and waits.
+// testDebounce is the watcher's debounce in these tests: a write's steps
+// (truncate, then write; write, then rename) must land within it, so it is
+// long enough that a stall on a loaded 2-core machine cannot split one
+// save into two changes.
+const testDebounce = 500 * time.Millisecond
+
+// startWatcher runs a fast-polling watcher on path; changes are counted,
+// not coalesced. Cleanup stops it and waits.
 func startWatcher(t *testing.T, path string) chan struct{} {
 	t.Helper()
 	changes := make(chan struct{}, 100)
-	w := NewWatcher(path, 5*time.Millisecond, 20*time.Millisecond)
+	w := NewWatcher(path, 5*time.Millisecond, testDebounce)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { w.Run(ctx, changes) })
@@ -64,7 +72,9 @@ func TestWatcher(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitChange(t, changes, "delete and recreate")
-	if len(changes) != 0 {
+	// No extra change: watched for two debounce periods, failing as soon
+	// as one is reported.
+	if testkit.Poll(context.Background(), 2*testDebounce, func() bool { return len(changes) != 0 }) {
 		t.Errorf("%d extra changes reported, want none", len(changes))
 	}
 }

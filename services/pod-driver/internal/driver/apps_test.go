@@ -64,16 +64,18 @@ func TestAppsChangeRacesWorkloadFrames(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		// What the sink does with a frame, once a millisecond: the pace
+		// leaves the record write of a change between two reads with
+		// nothing ordering them.
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
 		for {
+			o.portsResolved("web", json.RawMessage(`{"ports":[]}`))
 			select {
 			case <-stop:
 				return
-			default:
+			case <-tick.C:
 			}
-			// What the sink does with a frame; the sleep leaves the record
-			// write of a change between two reads with nothing ordering them.
-			o.portsResolved("web", json.RawMessage(`{"ports":[]}`))
-			time.Sleep(time.Millisecond)
 		}
 	}()
 	defer func() {

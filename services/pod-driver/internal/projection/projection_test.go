@@ -1,6 +1,7 @@
 package projection
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"sync"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/pkg/testkit"
 )
 
 type ledger struct {
@@ -193,8 +195,8 @@ func TestHeldOutcomeCompletesAfterWindow(t *testing.T) {
 		t.Fatal(err)
 	}
 	count := func() int { mu.Lock(); defer mu.Unlock(); return len(got) }
-	for count() < 2 && time.Since(start) < BootFailureWindow+5*time.Second {
-		time.Sleep(10 * time.Millisecond)
+	if !testkit.Poll(context.Background(), BootFailureWindow+5*time.Second, func() bool { return count() >= 2 }) {
+		t.Fatalf("%d of 2 events within %v of Kernel.Stopped", count(), BootFailureWindow+5*time.Second)
 	}
 	if waited := time.Since(start); waited < BootFailureWindow {
 		t.Errorf("outcome after %v, want it held for %v", waited, BootFailureWindow)

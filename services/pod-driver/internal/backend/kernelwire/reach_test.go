@@ -3,12 +3,14 @@ package kernelwire
 import (
 	"context"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/pkg/testkit"
 )
 
 type reachRecorder struct {
@@ -41,20 +43,44 @@ func TestWatchReachabilitySeesShortLivedPort(t *testing.T) {
 		defer close(done)
 		WatchReachability(ctx, "127.0.0.1", port, "app", rec, ReachTiming{})
 	}()
-	time.Sleep(400 * time.Millisecond)
+	// The one-shot starts 400 ms after the watch (the scenario's clock,
+	// not a wait for a condition); the watcher has reported checking by
+	// then.
+	started := time.Now()
+	if !testkit.Poll(ctx, 400*time.Millisecond, func() bool { return rec.saw(contract.ReachChecking) }) {
+		t.Fatalf("no checking state within 400 ms of the watch's start")
+	}
+	bindAt := time.NewTimer(400*time.Millisecond - time.Since(started))
+	select {
+	case <-bindAt.C:
+	case <-ctx.Done():
+		t.Fatal("the watch ended before the port was bound")
+	}
 	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 	if err != nil {
 		t.Fatalf("rebind %d: %v", port, err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	// It lives 300 ms: held until reported reachable, at most that long.
+	testkit.Poll(ctx, 300*time.Millisecond, func() bool { return rec.saw(contract.ReachReachable) })
 	_ = ln.Close() // the one-shot exits
-	<-done
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reachability watcher did not end with its context")
+	}
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	want := []string{contract.ReachChecking, contract.ReachReachable}
 	if len(rec.states) != 2 || rec.states[0] != want[0] || rec.states[1] != want[1] {
 		t.Errorf("states = %v, want %v", rec.states, want)
 	}
+}
+
+// saw reports whether state was reported.
+func (r *reachRecorder) saw(state string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Contains(r.states, state)
 }
 
 type progressRecorder struct {
