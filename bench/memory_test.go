@@ -95,7 +95,8 @@ func startMemRig(tb testing.TB) *memRig {
 func (r *memRig) heap(tb testing.TB, svc string) int64 {
 	tb.Helper()
 	best := int64(-1)
-	for range 3 {
+	n := 0
+	sample := func() bool {
 		resp, err := http.Get(r.ops[svc] + "/debug/pprof/heap?gc=1")
 		if err != nil {
 			tb.Fatalf("%s: %v", svc, err)
@@ -109,7 +110,11 @@ func (r *memRig) heap(tb testing.TB, svc string) int64 {
 		if best < 0 || int64(v) < best {
 			best = int64(v)
 		}
-		time.Sleep(200 * time.Millisecond)
+		n++
+		return n >= 3
+	}
+	if !testkit.Poll(context.Background(), 30*time.Second, sample) {
+		tb.Fatalf("%s: %d heap readings within 30s, want 3", svc, n)
 	}
 	return best
 }
@@ -283,15 +288,17 @@ func (r *memRig) serveAll(tb testing.TB, ids []string, want string) int64 {
 		}
 		var last string
 		var err error
-		for try := range 3 {
-			if try > 0 {
+		tries := 0
+		testkit.Poll(context.Background(), time.Minute, func() bool {
+			if tries++; tries > 3 {
+				return true // asked three times: err says how the last ended
+			}
+			if tries > 1 {
 				again.Add(1)
-				time.Sleep(time.Second)
 			}
-			if last, err = r.eventsEnd(id); err == nil {
-				break
-			}
-		}
+			last, err = r.eventsEnd(id)
+			return err == nil
+		})
 		if err != nil || !strings.Contains(last, `"`+want+`"`) {
 			return fmt.Errorf("events of %s end on %s (%v), want the %s status", id, last, err, want)
 		}
