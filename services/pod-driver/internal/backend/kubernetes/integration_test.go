@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -417,6 +418,23 @@ func TestWatchSession(t *testing.T) {
 	}
 	checkRouting(t, ctx, c, id, w, []string{"tcp-18081", "tcp-18090", "udp-18081"})
 
+	// A routing failure on the real API server rolls back (19 item 19):
+	// with Ingress writes refused to the driver, SetPorts replaces the
+	// Service, is refused the Ingress, publishes the Service again with
+	// the previous set and fails; the previous set stays the app's set.
+	allowIngressWrites(t, ctx, c, false)
+	if err := w.SetPorts(ctx, "worker", []contract.PortMapping{{Port: 18099, Protocol: "tcp"}}); err == nil || !strings.Contains(err.Error(), "publish ingress") {
+		t.Fatalf("SetPorts() with Ingress writes refused = %v, want the ingress publish error", err)
+	}
+	checkRouting(t, ctx, c, id, w, []string{"tcp-18081", "tcp-18090", "udp-18081"})
+	allowIngressWrites(t, ctx, c, true)
+	// Publishing another app's set routes worker's previous ports, not the
+	// refused 18099.
+	if err := w.SetPorts(ctx, "web", []contract.PortMapping{{Port: 18081, Protocol: "tcp"}}); err != nil {
+		t.Fatalf("SetPorts(web) after the rollback = %v", err)
+	}
+	checkRouting(t, ctx, c, id, w, []string{"tcp-18081", "tcp-18090", "udp-18081"})
+
 	pod, err := c.admin.CoreV1().Pods(c.env.Namespace).List(ctx, metav1.ListOptions{LabelSelector: podspec.LabelSession + "=" + id})
 	if err != nil || len(pod.Items) != 1 {
 		t.Fatalf("session pods = %v, %v", pod, err)
@@ -432,6 +450,52 @@ func TestWatchSession(t *testing.T) {
 		_, e2 := ings.Get(ctx, podspec.RunPodName(id), metav1.GetOptions{})
 		l, e3 := c.admin.CoreV1().Pods(c.env.Namespace).List(ctx, metav1.ListOptions{LabelSelector: podspec.LabelSession + "=" + id})
 		return apierrors.IsNotFound(e1) && apierrors.IsNotFound(e2) && e3 == nil && len(l.Items) == 0
+	})
+}
+
+// allowIngressWrites grants (allow) or withdraws the driver's create and
+// update of Ingresses in its Role, and waits until the API server's
+// authorizer answers accordingly.
+func allowIngressWrites(t *testing.T, ctx context.Context, c *cluster, allow bool) {
+	t.Helper()
+	rbac := c.admin.RbacV1().Roles(c.env.Namespace)
+	roles, err := rbac.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatalf("list roles: %v", err)
+	}
+	changed := 0
+	for i := range roles.Items {
+		r := &roles.Items[i]
+		touched := false
+		for j := range r.Rules {
+			if !slices.Contains(r.Rules[j].Resources, "ingresses") {
+				continue
+			}
+			verbs := slices.DeleteFunc(slices.Clone(r.Rules[j].Verbs), func(v string) bool { return v == "create" || v == "update" })
+			if allow {
+				verbs = append(verbs, "create", "update")
+			}
+			r.Rules[j].Verbs, touched = verbs, true
+		}
+		if touched {
+			if _, err := rbac.Update(ctx, r, metav1.UpdateOptions{}); err != nil {
+				t.Fatalf("update role %s: %v", r.Name, err)
+			}
+			changed++
+		}
+	}
+	if changed == 0 {
+		t.Fatal("no Role of the driver grants ingresses")
+	}
+	driver, err := k8s.NewForConfig(c.env.Driver)
+	if err != nil {
+		t.Fatal(err)
+	}
+	poll(t, fmt.Sprintf("the driver's Ingress update allowed = %t", allow), func() bool {
+		rev, err := driver.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: c.env.Namespace, Verb: "update", Group: "networking.k8s.io", Resource: "ingresses"},
+		}}, metav1.CreateOptions{})
+		return err == nil && rev.Status.Allowed == allow
 	})
 }
 
