@@ -118,7 +118,11 @@ func (p *procRunner) kill9(t *testing.T) {
 	if err := p.cmd.Process.Kill(); err != nil {
 		t.Fatalf("kill -9: %v", err)
 	}
-	<-p.done
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("telorunner not reaped within 30s of SIGKILL")
+	}
 }
 
 // stop ends the process with SIGTERM (SIGKILL after a minute).

@@ -100,7 +100,11 @@ func TestHubDropsSlowClient(t *testing.T) {
 	got := 0
 	for i := range clientQueue + 10 {
 		hub.Event("Test.N"+strconv.Itoa(i), nil) // must not block
-		<-fast.ch
+		select {
+		case <-fast.ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("event %d did not reach the fast client", i)
+		}
 		got++
 	}
 	n := 0
