@@ -108,8 +108,7 @@ func assertResumed(t *testing.T, r *runner, id, wantTree string) {
 		t.Fatalf("binary after resume = %v, want %v", got, []byte(binaryContent))
 	}
 	// The run history: a generation attributed resume, ids continuing.
-	s := openSSE(t, r.URL+"/v1/sessions/"+id+"/events", nil)
-	evs := s.until(t, 30*time.Second, func(e sseEvent) bool {
+	evs := awake.until(t, 30*time.Second, func(e sseEvent) bool {
 		return e.Event == "run" && strings.Contains(e.Data, `"trigger":"resume"`)
 	})
 	// Generations continue: the resumed one follows the last one opened.
@@ -131,7 +130,6 @@ func assertResumed(t *testing.T, r *runner, id, wantTree string) {
 	if !sawSuspended {
 		t.Fatalf("history lacks the suspended status: %s", summarize(evs))
 	}
-	s.Close()
 }
 
 func TestIdleSuspendAndResume(t *testing.T) {
@@ -333,6 +331,11 @@ func TestSuspendedDeleteAndResumeCeiling(t *testing.T) {
 	r := watchRunner(t, merge(fastSupervisor, map[string]string{"RUNNER_WATCH_MAX_SESSIONS": "1"}))
 	c, _ := seedWatch(t, r)
 	waitStatus(t, r, c.SessionID, "suspended", 30*time.Second)
+	// The suspended event is appended once the admission ledger no longer
+	// counts the session live (the record turns suspended first).
+	suspended := openSSE(t, r.URL+c.StreamURL, nil)
+	suspended.until(t, 30*time.Second, isStatus("suspended"))
+	suspended.Close()
 	// Another live watch session takes the only slot: resume is refused.
 	other := r.create(t, watchBody(map[string]string{"telo.yaml": manifest("other", nil, nil)}, []app{{Name: "app", Entry: "telo.yaml"}}, ""))
 	sse := openSSE(t, r.URL+"/v1/sessions/"+other.SessionID+"/events", nil)
