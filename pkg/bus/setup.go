@@ -122,24 +122,63 @@ func ObjectConfigs(l Limits) []jetstream.ObjectStoreConfig {
 // is ever deleted or recreated.
 func Provision(ctx context.Context, js jetstream.JetStream, l Limits) error {
 	for _, cfg := range StreamConfigs(l) {
-		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+		if err := provisionStep(ctx, func(ctx context.Context) error {
+			_, err := js.CreateOrUpdateStream(ctx, cfg)
+			return err
+		}); err != nil {
 			return fmt.Errorf("provision stream %s: %w", cfg.Name, err)
 		}
 	}
 	for _, cfg := range BucketConfigs(l) {
-		if _, err := js.CreateOrUpdateKeyValue(ctx, cfg); err != nil {
+		if err := provisionStep(ctx, func(ctx context.Context) error {
+			_, err := js.CreateOrUpdateKeyValue(ctx, cfg)
+			return err
+		}); err != nil {
 			return fmt.Errorf("provision bucket %s: %w", cfg.Bucket, err)
 		}
 	}
 	for _, cfg := range ObjectConfigs(l) {
-		if _, err := js.CreateOrUpdateObjectStore(ctx, cfg); err != nil {
+		if err := provisionStep(ctx, func(ctx context.Context) error {
+			_, err := js.CreateOrUpdateObjectStore(ctx, cfg)
+			return err
+		}); err != nil {
 			return fmt.Errorf("provision object store %s: %w", cfg.Bucket, err)
 		}
 	}
-	if _, err := js.CreateOrUpdateConsumer(ctx, StreamCmd, DriversConsumerConfig()); err != nil {
+	if err := provisionStep(ctx, func(ctx context.Context) error {
+		_, err := js.CreateOrUpdateConsumer(ctx, StreamCmd, DriversConsumerConfig())
+		return err
+	}); err != nil {
 		return fmt.Errorf("provision consumer %s: %w", ConsumerDrivers, err)
 	}
 	return nil
+}
+
+// provisionAttempt bounds one create-or-update request. A cluster creates a
+// stream in a few seconds; an answer that never comes (seen once on a
+// fresh three-node cluster: the stream was created, its answer lost) is
+// asked again — create-or-update of an item that exists with the same
+// configuration is a no-op — until ctx ends.
+const provisionAttempt = 10 * time.Second
+
+func provisionStep(ctx context.Context, fn func(context.Context) error) error {
+	wait := 100 * time.Millisecond
+	for {
+		actx, cancel := context.WithTimeout(ctx, provisionAttempt)
+		err := fn(actx)
+		cancel()
+		if err == nil || !Transient(err) || ctx.Err() != nil {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
 }
 
 // DriversConsumerConfig is the durable pull consumer all drivers share.
