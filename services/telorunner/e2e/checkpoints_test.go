@@ -51,13 +51,13 @@ func TestCheckpointRestore(t *testing.T) {
 
 	// B: the web entry only (the worker's entry keeps A's content), A's
 	// note deleted, another added.
+	gensA := generations(t, r, id)
 	applyChanges(t, r, id, map[string]string{"web/telo.yaml": web + "# B\n", "notes/b.txt": "B\n"}, "notes/a.txt")
 	if tree(t, r, id) == treeA {
 		t.Fatal("tree B equals tree A")
 	}
-	// Let B's reload settle, then count from there.
-	time.Sleep(2 * time.Second)
-	gensB := generations(t, r, id)
+	// Wait for B's reload of the web app, then count from there.
+	gensB := waitGenerations(t, r, id, 30*time.Second, func(app string, g int) bool { return app != "web" || g > gensA[app] })
 
 	resp := do(t, "POST", r.URL+"/v1/sessions/"+id+"/checkpoints/"+cpA.ID+"/restore", nil, nil)
 	if resp.Status != http.StatusAccepted {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/pkg/testkit"
 	"github.com/telorunner/telorunner/services/telorunner/allinone"
 )
 
@@ -373,16 +374,13 @@ func (w *busWatch) close(t *testing.T) {
 
 // settle waits until no message arrived for 200 ms (at most d).
 func (w *busWatch) settle(d time.Duration) {
-	deadline := time.Now().Add(d)
-	last := w.count()
-	for time.Now().Before(deadline) {
-		time.Sleep(200 * time.Millisecond)
-		n := w.count()
-		if n == last {
-			return
+	last, since := w.count(), time.Now()
+	testkit.Poll(context.Background(), d, func() bool {
+		if n := w.count(); n != last {
+			last, since = n, time.Now()
 		}
-		last = n
-	}
+		return time.Since(since) >= 200*time.Millisecond
+	})
 }
 
 func (w *busWatch) count() int {
