@@ -205,17 +205,9 @@ func (l *Log) appendLocked(ctx context.Context, subject string, t *tail, data []
 			// No answer (timeout, reconnecting): the entry may or may not
 			// be stored. Publish it again under the same id, but only
 			// while JetStream still remembers the id.
-			if time.Since(first) > retryWindow {
-				return 0, fmt.Errorf("append %s: no answer for %v: %w", subject, retryWindow, err)
-			}
-			tm := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				tm.Stop()
+			if err := retryPause(ctx, first, &wait, err); err != nil {
 				return 0, fmt.Errorf("append %s: %w", subject, err)
-			case <-tm.C:
 			}
-			wait = min(2*wait, time.Second)
 		}
 		if err := l.catchUp(ctx, subject, t); err != nil {
 			return 0, err
@@ -338,17 +330,9 @@ func (l *Log) AppendBatch(ctx context.Context, subject string, datas [][]byte, h
 			// No answer, or a batch message lost on the way (a
 			// reconnect): the batch landed whole or not at all. Publish
 			// it again under the same ids while JetStream remembers them.
-			if time.Since(first) > retryWindow {
-				return 0, fmt.Errorf("append batch %s: no answer for %v: %w", subject, retryWindow, err)
-			}
-			tm := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				tm.Stop()
+			if err := retryPause(ctx, first, &wait, err); err != nil {
 				return 0, fmt.Errorf("append batch %s: %w", subject, err)
-			case <-tm.C:
 			}
-			wait = min(2*wait, time.Second)
 		}
 		if err := l.catchUp(ctx, subject, t); err != nil {
 			return 0, err
@@ -420,6 +404,24 @@ func (l *Log) findEntry(ctx context.Context, subject string, t *tail, msgID stri
 		}
 	}
 	return 0, fmt.Errorf("append batch %s: a duplicate batch whose entries are not in the window", subject)
+}
+
+// retryPause waits before an append is published again after no answer
+// (err), doubling *wait up to a second; it returns an error once the
+// first attempt is older than retryWindow or ctx ends.
+func retryPause(ctx context.Context, first time.Time, wait *time.Duration, err error) error {
+	if time.Since(first) > retryWindow {
+		return fmt.Errorf("no answer for %v: %w", retryWindow, err)
+	}
+	tm := time.NewTimer(*wait)
+	defer tm.Stop()
+	select {
+	case <-ctx.Done():
+		return err
+	case <-tm.C:
+	}
+	*wait = min(2**wait, time.Second)
+	return nil
 }
 
 // retryWindow bounds how long Append publishes one entry again after
