@@ -397,9 +397,25 @@ func (s *sup) checkpoint(ctx context.Context, id, reason string) error {
 // writes; the owner then freezes the workspace and takes the final one
 // (the history's suspend entry), so the freeze is short and no write lands
 // after the final checkpoint unseen.
+//
+// The decision to suspend was taken on the tick's presence; the checkpoint
+// can take a while, so presence is read again at the moment the suspend
+// is asked for: a client that came back meanwhile keeps the session
+// running (the idle clock starts again when it leaves).
 func (s *sup) suspend(ctx context.Context, id string) error {
 	if err := s.checkpoint(ctx, id, checkpoint.ReasonPeriodic); err != nil {
 		return fmt.Errorf("suspend aborted: %w", err)
+	}
+	present, err := s.present(ctx, id)
+	if err != nil {
+		return fmt.Errorf("suspend aborted: read presence: %w", err)
+	}
+	if present {
+		if _, err := s.store.Update(ctx, id, func(r *session.Record) error { r.IdleSince = nil; return nil }); err != nil {
+			return fmt.Errorf("suspend cancelled (a client is back), clear idleSince: %w", err)
+		}
+		s.log.Info("suspend cancelled: a client came back while it was prepared", "session", id)
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()

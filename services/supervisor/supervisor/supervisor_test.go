@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -432,4 +433,108 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// The idle reaper decides on the tick's presence, but a client that comes
+// back while the pre-suspend checkpoint runs keeps the session running:
+// presence is read again at the moment the suspend would be asked for
+// (stale-activity suspends are a reported failure of comparable
+// products). Once the client leaves again, the session is suspended after
+// a fresh idle window.
+func TestIdleSuspendRereadsPresenceBeforeSuspending(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	const id = "iiiiiiiiiiii"
+	idle := time.Now().Add(-time.Hour).UTC()
+	running := contract.Status{Kind: contract.StatusRunning, Endpoints: []contract.Endpoint{}}
+	if err := e.store.Create(ctx, session.Record{ID: id, Mode: contract.ModeWatch, Status: running, CreatedAt: idle, IdleSince: &idle}); err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(e.observer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	owners, err := js.KeyValue(ctx, bus.BucketOwners)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, err := owners.Create(ctx, id, []byte("driver-a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The owning driver renews its key (TTL 1 s) throughout.
+	renewCtx, stopRenew := context.WithCancel(ctx)
+	renewed := make(chan struct{})
+	go func() {
+		defer close(renewed)
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-renewCtx.Done():
+				return
+			case <-tick.C:
+				if rev, err = owners.Update(renewCtx, id, []byte("driver-a"), rev); err != nil && renewCtx.Err() == nil {
+					t.Errorf("renew the owner key: %v", err)
+					return
+				}
+			}
+		}
+	}()
+	defer func() { stopRenew(); <-renewed }()
+	presence, err := js.KeyValue(ctx, bus.BucketPresence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The workspace's checkpoint: while the first one runs, a client
+	// connects through an edge.
+	var mu sync.Mutex
+	checkpoints, suspends := 0, 0
+	sub, err := e.observer.Subscribe(bus.WSSubject(id, bus.WSCheckpoint), func(m *nats.Msg) {
+		mu.Lock()
+		checkpoints++
+		first := checkpoints == 1
+		mu.Unlock()
+		if first {
+			if _, err := presence.Put(ctx, bus.PresenceKey(id, "edge-1"), []byte("1")); err != nil {
+				t.Errorf("put presence: %v", err)
+			}
+		}
+		_ = m.Respond([]byte(`{"id":"1"}`))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	sub2, err := e.observer.Subscribe(bus.CtlSubject(id, bus.CtlSuspend), func(m *nats.Msg) {
+		mu.Lock()
+		suspends++
+		mu.Unlock()
+		_ = m.Respond([]byte(`{}`))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub2.Unsubscribe() }()
+	counts := func() (int, int) { mu.Lock(); defer mu.Unlock(); return checkpoints, suspends }
+
+	e.run(t, Config{Tick: 50 * time.Millisecond, Idle: time.Second, CheckpointEvery: time.Hour})
+	testkit.Eventually(t, 10*time.Second, func() bool { c, _ := counts(); return c >= 1 }, "the idle session's pre-suspend checkpoint")
+	testkit.Eventually(t, 10*time.Second, func() bool {
+		rec, _, err := e.store.Get(ctx, id)
+		return err == nil && rec.IdleSince == nil
+	}, "idleSince cleared once the returning client is seen")
+	ticks(t, e, 5)
+	if _, s := counts(); s != 0 {
+		t.Fatalf("suspend asked %d times although a client came back during the checkpoint", s)
+	}
+	// The client leaves: a fresh idle window, then the suspend.
+	if err := presence.Delete(ctx, bus.PresenceKey(id, "edge-1")); err != nil { // as the edge does
+		t.Fatal(err)
+	}
+	left := time.Now()
+	testkit.Eventually(t, 15*time.Second, func() bool { _, s := counts(); return s >= 1 }, "the suspend once the client left and the idle window passed (checkpoints, suspends = %v)", fmt.Sprint(counts()))
+	if waited := time.Since(left); waited < time.Second {
+		t.Fatalf("suspended %v after the client left, before the 1 s idle window", waited)
+	}
 }
