@@ -137,3 +137,83 @@ func TestSuspendLosesNoAcknowledgedWrite(t *testing.T) {
 	}
 	t.Logf("%d writes acknowledged and kept, %d refused while suspending", len(acked), refused)
 }
+
+// A write the runner acknowledged is never lost to a change of the app
+// set (4.12): the workspace is frozen for the checkpoint the new workload
+// starts from, so a write lands before it or is refused (409
+// not_running), never accepted and then dropped.
+func TestAppsChangeLosesNoAcknowledgedWrite(t *testing.T) {
+	r := watchRunner(t, map[string]string{"RUNNER_WATCH_RELOAD_LIMIT": "100000"})
+	c := r.create(t, watchBody(map[string]string{"telo.yaml": manifest("writer", nil, nil), "b/telo.yaml": manifest("b", nil, nil)},
+		[]app{{Name: "app", Entry: "telo.yaml"}}, ""))
+	id := c.SessionID
+	sse := openSSE(t, r.URL+c.StreamURL, nil)
+	sse.until(t, 60*time.Second, isRun("app", "started", 0))
+	var acked []string
+	refused := 0
+	write := func(n int) {
+		path := fmt.Sprintf("w/%05d.txt", n)
+		resp := do(t, "POST", r.URL+"/v1/sessions/"+id+"/workspace", map[string]any{"write": []map[string]any{{"path": path, "content": path}}}, nil)
+		switch resp.Status {
+		case 200:
+			acked = append(acked, path)
+		case 409, 502: // frozen, or the old workload going
+			refused++
+		default:
+			t.Fatalf("write %s = %d %s, want 200, or 409 / 502 while the app set changes", path, resp.Status, resp.Body)
+		}
+	}
+	n := 0
+	for ; n < 20; n++ {
+		write(n)
+	}
+	put := map[string]any{"apps": []map[string]any{{"name": "app", "entryRelativePath": "telo.yaml"}, {"name": "b", "entryRelativePath": "b/telo.yaml"}}}
+	done := make(chan response, 1)
+	go func() {
+		done <- do(t, "PUT", r.URL+"/v1/sessions/"+id+"/apps", put, nil)
+	}()
+	// Keep writing until the new app runs.
+	deadline := time.After(120 * time.Second)
+writing:
+	for ; ; n++ {
+		for drained := false; !drained; {
+			select {
+			case ev, ok := <-sse.Events:
+				if !ok {
+					t.Fatal("event stream ended while the app set changed")
+				}
+				if isRun("b", "started", 1)(ev) {
+					break writing
+				}
+			case <-deadline:
+				t.Fatal("app b did not start within 120 s of PUT apps")
+			default:
+				drained = true
+			}
+		}
+		write(n)
+	}
+	if resp := <-done; resp.Status != 202 {
+		t.Fatalf("PUT apps = %d %s", resp.Status, resp.Body)
+	}
+	var doc struct {
+		Files []struct {
+			Path string `json:"path"`
+		} `json:"files"`
+	}
+	do(t, "GET", r.URL+"/v1/sessions/"+id+"/workspace", nil, nil).json(t, &doc)
+	have := map[string]bool{}
+	for _, f := range doc.Files {
+		have[f.Path] = true
+	}
+	var lost []string
+	for _, p := range acked {
+		if !have[p] {
+			lost = append(lost, p)
+		}
+	}
+	if len(lost) > 0 {
+		t.Fatalf("%d of %d acknowledged writes lost to the app-set change (first %s); %d refused", len(lost), len(acked), lost[0], refused)
+	}
+	t.Logf("%d writes acknowledged and kept, %d refused while the app set changed", len(acked), refused)
+}

@@ -84,7 +84,7 @@ func (o *owned) checkpointNow(ctx context.Context) error {
 }
 
 // changeApps replaces the app set (PUT apps, 4.12) after beginAppsChange
-// took it: checkpoint the live workspace, record the new set (kept apps
+// took it: freeze and checkpoint the live workspace, record the new set (kept apps
 // keep their generations and channels, new ones start at 0, every next
 // generation is `resume`), then recreate the workload, which restores the
 // checkpoint before any app starts.
@@ -98,7 +98,12 @@ func (o *owned) changeApps(change session.AppsChange) {
 	o.appsMu.Lock()
 	defer o.appsMu.Unlock()
 	defer o.endAppsChange()
-	if err := o.checkpointNow(o.ctx); err != nil {
+	// The same final checkpoint as a suspend: the workspace is frozen
+	// first, so a write acknowledged before the change is in the
+	// checkpoint the new workload starts from and a later one is refused.
+	// The new workload's workspace starts thawed; a failed checkpoint
+	// thaws this one.
+	if err := o.finalCheckpoint(o.ctx); err != nil {
 		o.failAppsChange(err)
 		return
 	}
