@@ -345,6 +345,7 @@ type sseEvent struct {
 }
 
 type sseStream struct {
+	url    string
 	Header http.Header
 	Events chan sseEvent
 	cancel context.CancelFunc
@@ -372,7 +373,7 @@ func openSSE(t *testing.T, url string, hdr map[string]string) *sseStream {
 		cancel()
 		t.Fatalf("GET %s = %d %s", url, resp.StatusCode, body)
 	}
-	s := &sseStream{Header: resp.Header, Events: make(chan sseEvent, 4096), cancel: cancel, closed: make(chan struct{})}
+	s := &sseStream{url: url, Header: resp.Header, Events: make(chan sseEvent, 4096), cancel: cancel, closed: make(chan struct{})}
 	go func() {
 		defer close(s.closed)
 		defer close(s.Events)
@@ -424,9 +425,51 @@ func (s *sseStream) until(t *testing.T, timeout time.Duration, pred func(sseEven
 				return seen
 			}
 		case <-deadline:
-			t.Fatalf("timed out waiting for an event; saw %s", summarize(seen))
+			t.Fatalf("timed out waiting for an event; saw %s\n%s", summarize(seen), s.diagnose())
 		}
 	}
+}
+
+// diagnose says, for a wait that timed out, what the session's record
+// says and what a fresh connection to the same stream gets within 3 s:
+// events a new client sees but this one did not point at delivery, none
+// at all at the writer.
+func (s *sseStream) diagnose() string {
+	base, _, _ := strings.Cut(s.url, "?")
+	base = strings.TrimSuffix(base, "/events")
+	out := "diagnosis: "
+	if resp, err := http.Get(base); err != nil {
+		out += fmt.Sprintf("GET %s: %v", base, err)
+	} else {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 2048))
+		resp.Body.Close()
+		out += fmt.Sprintf("GET %s = %d %s", base, resp.StatusCode, body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", s.url, nil)
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return out + fmt.Sprintf("; a fresh stream: %v", err)
+	}
+	defer resp.Body.Close()
+	var ids []string
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	var last []string
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "id: ") {
+			ids = append(ids, line[4:])
+		}
+		if strings.HasPrefix(line, "data: ") {
+			if last = append(last, line[6:]); len(last) > 3 {
+				last = last[1:]
+			}
+		}
+	}
+	return out + fmt.Sprintf("; a fresh stream got %d events in 3 s (ids %v), the last: %s", len(ids), ids, strings.Join(last, " | "))
 }
 
 // drain collects events until the server closes the stream.
