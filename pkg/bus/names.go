@@ -6,7 +6,11 @@
 // Names live in this file and nowhere else.
 package bus
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+	"time"
+)
 
 // Streams.
 const (
@@ -141,6 +145,13 @@ func IOSubjects(sessionID string) string { return SubjectIOPrefix + sessionID + 
 
 // CmdStartSubject is the start command subject of a session.
 func CmdStartSubject(sessionID string) string { return SubjectCmdStartPrefix + sessionID }
+
+// StartMsgID is the Nats-Msg-Id of the start command of sessionID whose
+// start was requested at requested (its record's startRequestedAt): the
+// same for every publish of one start, so JetStream keeps one.
+func StartMsgID(sessionID string, requested time.Time) string {
+	return "start-" + sessionID + "-" + strconv.FormatInt(requested.UnixMilli(), 10)
+}
 
 // CtlSubject is the control subject of one verb for a session.
 func CtlSubject(sessionID, verb string) string { return SubjectCtlPrefix + sessionID + "." + verb }

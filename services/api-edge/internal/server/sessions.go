@@ -227,7 +227,7 @@ func (s *Server) admitAndStart(c *gin.Context, mode string, apps []session.App, 
 		}
 	}
 	s.store.Release(id) // the driver writes the rest: keep no tail here
-	if err := s.publishStart(ctx, id); err != nil {
+	if err := s.publishStart(ctx, id, now); err != nil {
 		s.fail(c, err)
 		return
 	}
@@ -235,10 +235,15 @@ func (s *Server) admitAndStart(c *gin.Context, mode string, apps []session.App, 
 	c.JSON(http.StatusCreated, created{SessionID: id, StreamURL: "/v1/sessions/" + id + "/events", CreatedAt: contract.Timestamp(now)})
 }
 
-func (s *Server) publishStart(ctx context.Context, id string) error {
+// publishStart queues the start of the session whose start was requested
+// at requested (the record's startRequestedAt). The Nats-Msg-Id names that
+// request, so every publish of the same start (a retry after a lost
+// acknowledgement) is de-duplicated by JetStream, and a later start of the
+// same session (a resume) is not.
+func (s *Server) publishStart(ctx context.Context, id string, requested time.Time) error {
 	msg := &nats.Msg{Subject: bus.CmdStartSubject(id), Data: []byte(id), Header: nats.Header{}}
 	msg.Header.Set(bus.HeaderSession, id)
-	msg.Header.Set(jetstream.MsgIDHeader, "start-"+id+"-"+nuid.Next())
+	msg.Header.Set(jetstream.MsgIDHeader, bus.StartMsgID(id, requested))
 	if _, err := s.store.JS.PublishMsg(ctx, msg); err != nil {
 		return fmt.Errorf("publish start %s: %w", id, err)
 	}

@@ -337,6 +337,7 @@ func (s *Server) resume(c *gin.Context) {
 		s.fail(c, contract.Errorf("too_many_watch_sessions", "runner is at its limit of %d live watch sessions", s.cfg.Watch.MaxSessions))
 		return
 	}
+	now := time.Now().UTC().Truncate(time.Millisecond)
 	_, err = s.store.SetStatus(ctx, id, contract.Status{Kind: contract.StatusStarting}, func(r *session.Record) error {
 		if r.Status.Kind != contract.StatusSuspended {
 			return notSuspended
@@ -345,7 +346,6 @@ func (s *Server) resume(c *gin.Context) {
 			r.Apps[i].Trigger = contract.TriggerResume
 		}
 		// A resumed session gets a fresh idle window (13.2).
-		now := time.Now().UTC()
 		r.Workspace, r.IdleSince, r.SuspendedAt = "", &now, nil
 		r.StartRequestedAt = &now
 		return nil
@@ -355,7 +355,7 @@ func (s *Server) resume(c *gin.Context) {
 		s.fail(c, err)
 		return
 	}
-	if err := s.publishStart(ctx, id); err != nil {
+	if err := s.publishStart(ctx, id, now); err != nil {
 		s.fail(c, err)
 		return
 	}
