@@ -194,8 +194,8 @@ func (c *Client) Root(ctx context.Context) ([]byte, error) {
 }
 
 // Node returns the encoding of the tree node hash of one of the server's
-// last two walks, checked against hash; a node no recent walk produced
-// is a file_not_found Error.
+// recent walks (the last 8), checked against hash; a node no recent walk
+// produced is a file_not_found Error.
 func (c *Client) Node(ctx context.Context, hash string) ([]byte, error) {
 	p := "/workspace/node/" + url.PathEscape(hash)
 	data, err := c.do(ctx, http.MethodGet, p, nil, nil)

@@ -9,44 +9,60 @@ import (
 	"github.com/telorunner/telorunner/pkg/merkle"
 )
 
-// nodeCache keeps the tree nodes (merkle) of the last two walks by hash,
-// so a checkpoint that asked for the root can fetch the nodes below it
-// even when another walk ran in between. Nodes are content-addressed:
-// an entry is never stale, only dropped.
+// nodeWalks is how many walks a tree node outlives once no walk produces
+// it: a checkpoint that asked for the root finds the nodes below it even
+// when a few other walks (another checkpoint, a restore) ran meanwhile.
+const nodeWalks = 8
+
+// nodeCache keeps the tree nodes (merkle) of the last nodeWalks walks by
+// hash. Nodes are content-addressed: an entry is never stale, only
+// dropped, and a node several walks share is kept once.
 type nodeCache struct {
-	mu   sync.Mutex
-	cur  map[string][]byte
-	prev map[string][]byte
+	mu    sync.Mutex
+	walk  uint64
+	nodes map[string]walkNode
 }
 
-func newNodeCache() *nodeCache {
-	return &nodeCache{cur: map[string][]byte{}, prev: map[string][]byte{}}
+type walkNode struct {
+	data []byte
+	walk uint64 // The last walk that produced it.
 }
 
-// add makes nodes the latest walk's; the walk before stays findable.
+func newNodeCache() *nodeCache { return &nodeCache{nodes: map[string]walkNode{}} }
+
+// add records the nodes of a new walk and drops those no walk of the
+// last nodeWalks produced.
 func (c *nodeCache) add(nodes map[string][]byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.prev, c.cur = c.cur, nodes
+	c.walk++
+	for h, data := range nodes {
+		if n, ok := c.nodes[h]; ok {
+			data = n.data
+		}
+		c.nodes[h] = walkNode{data: data, walk: c.walk}
+	}
+	for h, n := range c.nodes {
+		if c.walk-n.walk >= nodeWalks {
+			delete(c.nodes, h)
+		}
+	}
 }
 
 func (c *nodeCache) get(hash string) ([]byte, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if data, ok := c.cur[hash]; ok {
-		return data, true
-	}
-	data, ok := c.prev[hash]
-	return data, ok
+	n, ok := c.nodes[hash]
+	return n.data, ok
 }
 
 // nodes walks the workspace (file hashes from the cache where the stamp
-// allows) and returns the hash of its root node, keeping every node for
-// getNode.
-func (s *Server) nodes(r *http.Request) (string, error) {
+// allows) and returns the encoding of its root node, keeping every node
+// for getNode.
+func (s *Server) nodes(r *http.Request) ([]byte, error) {
 	files, err := s.tree(r.Context())
 	if err != nil {
-		return "", walkFailure(err)
+		return nil, walkFailure(err)
 	}
 	flat := make([]merkle.File, len(files))
 	for i, f := range files {
@@ -54,26 +70,26 @@ func (s *Server) nodes(r *http.Request) (string, error) {
 	}
 	b, err := merkle.Build(flat)
 	if err != nil {
-		return "", walkFailure(err)
+		return nil, walkFailure(err)
 	}
 	s.trees.add(b.Nodes)
-	return b.Root, nil
+	return b.Nodes[b.Root], nil
 }
 
 // getRoot is GET /workspace/node: it walks the workspace and answers the
 // canonical encoding of its root node (whose SHA-256 names it).
 func (s *Server) getRoot(w http.ResponseWriter, r *http.Request) error {
-	root, err := s.nodes(r)
+	data, err := s.nodes(r)
 	if err != nil {
 		return err
 	}
-	data, _ := s.trees.get(root)
 	writeNode(w, data)
 	return nil
 }
 
-// getNode is GET /workspace/node/{hash}: a node of one of the last two
-// walks; 404 file_not_found for any other hash (walk again from the root).
+// getNode is GET /workspace/node/{hash}: a node one of the last
+// nodeWalks walks produced; 404 file_not_found for any other hash (walk
+// again from the root).
 func (s *Server) getNode(w http.ResponseWriter, r *http.Request) error {
 	hash := strings.ToLower(r.PathValue("hash"))
 	if !isSHA256Hex(hash) {

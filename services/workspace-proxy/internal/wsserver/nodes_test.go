@@ -134,6 +134,20 @@ func TestNodes(t *testing.T) {
 	if h4, _ := root(t, f.c); h4 != h3 {
 		t.Fatalf("root of an unchanged tree = %s, then %s", h3, h4)
 	}
+	// A node is served for 8 walks after the last that produced it (the
+	// first walk's src: walk 1 of 4 so far), then dropped.
+	if _, err := f.c.Node(t.Context(), src1.Hash); err != nil {
+		t.Fatalf("Node(src of walk 1) after 4 walks = %v", err)
+	}
+	for range 5 {
+		root(t, f.c)
+	}
+	if _, err := f.c.Node(t.Context(), src1.Hash); !wsclient.IsNotFound(err) {
+		t.Fatalf("Node(src of walk 1) after 9 walks = %v, want file_not_found", err)
+	}
+	if _, err := f.c.Node(t.Context(), bin1.Hash); err != nil {
+		t.Fatalf("Node(bin, produced by every walk) = %v", err)
+	}
 }
 
 func TestNodesEmpty(t *testing.T) {
