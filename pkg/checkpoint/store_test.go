@@ -452,3 +452,33 @@ func equalFiles(a, b map[string]Entry) bool {
 	}
 	return true
 }
+
+// A checkpoint stored as a flat file map before trees: a periodic Take of
+// the same tree writes nothing (modes were not recorded, so they are not
+// a change); any other Take writes the whole tree once, and no blob.
+func TestTakeOverFlatRecord(t *testing.T) {
+	e := newEnv(t)
+	s := e.store(t, Options{})
+	files := sourceFiles(30) // 20 pkgNN/src directories: 41 nodes.
+	id := newID()
+	putFlat(t, s, id, putBlobs(t, s, files), false)
+	ws := newMemWorkspace(files)
+	before := objectNames(t, s)
+	m, st, err := s.Take(t.Context(), id, ws)
+	if err != nil || m.ID != "1" || st.Changed != 0 || st.Removed != 0 || len(newNames(before, objectNames(t, s))) != 0 {
+		t.Fatalf("periodic Take() of the same tree = %s, %+v, %v, objects %v; want checkpoint 1, nothing written", m.ID, st, err, newNames(before, objectNames(t, s)))
+	}
+	m, st, err = s.TakeAs(t.Context(), id, ReasonSuspend, ws)
+	if err != nil || m.ID != "2" || st.Uploaded != 0 || st.NodesStored != 41 || ws.blobCalls() != 0 {
+		t.Fatalf("TakeAs(suspend) = %s, %+v, %v, %d blob reads; want checkpoint 2, 41 nodes, no blob", m.ID, st, err, ws.blobCalls())
+	}
+	got, _, err := s.Load(t.Context(), id)
+	if err != nil || len(got.Files) != 30 || got.Files["pkg01/src/module-0001.yaml"].Mode != 0o644 {
+		t.Fatalf("Load() = %d files, %v; want 30 with modes", len(got.Files), err)
+	}
+	// The flat checkpoint is still in the history, and loads.
+	old, _, err := s.LoadCheckpoint(t.Context(), id, "1")
+	if err != nil || len(old.Files) != 30 || old.Root != "" {
+		t.Fatalf("LoadCheckpoint(1) = %d files, root %q, %v; want the flat 30", len(old.Files), old.Root, err)
+	}
+}

@@ -66,7 +66,10 @@ func (s *Store) TakeAs(ctx context.Context, sessionID, reason string, ws Workspa
 	st = d.st
 	st.Files, st.BytesTotal = rootNode.Totals()
 
-	if reason == ReasonPeriodic && rev != 0 && prevRec.ID != "" && st.Changed == 0 && st.Removed == 0 {
+	// The same tree: the same root, or for a flat previous checkpoint
+	// (modes unknown) the same paths and contents.
+	same := root == prevRoot || (!d.prevStored && st.Changed == 0 && st.Removed == 0)
+	if reason == ReasonPeriodic && rev != 0 && prevRec.ID != "" && same {
 		// Nothing changed since the latest checkpoint: a tick adds no
 		// history entry (the history holds changes, not ticks).
 		return Manifest{TakenAt: prevRec.TakenAt, ID: prevRec.ID, Root: prevRec.Root}, st, nil
@@ -215,7 +218,9 @@ func (d *diff) compare(dir string, next, prev merkle.Node, deeper []pair) []pair
 			if had && old.Kind == merkle.KindDir {
 				d.st.Removed += old.Files // A directory became a file.
 			}
-			if !had || old.Kind != merkle.KindFile || old.Hash != e.Hash || (old.Mode != 0 && old.Mode != e.Mode) {
+			// A flat previous checkpoint recorded no modes (0).
+			modeChanged := old.Mode != e.Mode && (d.prevStored || old.Mode != 0)
+			if !had || old.Kind != merkle.KindFile || old.Hash != e.Hash || modeChanged {
 				d.st.Changed++
 				d.blobs[e.Hash] = e.Size
 			}
