@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/telorunner/telorunner/pkg/parallel"
 )
@@ -36,7 +37,7 @@ const MaxMode = 0o777
 
 // Entry is one child of a directory node.
 type Entry struct {
-	Name string `json:"name"` // Base name: no "/", not "", "." or "..".
+	Name string `json:"name"` // Base name: UTF-8, no "/" or NUL, not "", "." or "..".
 	Kind string `json:"kind"` // KindFile or KindDir.
 	// Hash is the lowercase hex SHA-256 of a file's bytes, or of a
 	// directory's node encoding.
@@ -122,6 +123,8 @@ func (e Entry) check() error {
 	switch {
 	case e.Name == "" || e.Name == "." || e.Name == ".." || strings.ContainsAny(e.Name, "/\x00"):
 		return fmt.Errorf("name %q: not a plain file name", e.Name)
+	case !utf8.ValidString(e.Name):
+		return fmt.Errorf("name %q: not UTF-8 (JSON cannot carry it)", e.Name)
 	case e.Kind != KindFile && e.Kind != KindDir:
 		return fmt.Errorf("%q: kind %q: want %s or %s", e.Name, e.Kind, KindFile, KindDir)
 	case !ValidHash(e.Hash):

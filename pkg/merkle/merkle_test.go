@@ -99,6 +99,7 @@ func TestBuildRejects(t *testing.T) {
 		"bad hash":          {{Path: "a", Hash: "x"}},
 		"mode beyond perms": {{Path: "a", Hash: h("a"), Mode: 0o1777}},
 		"empty segment":     {{Path: "a//b", Hash: h("a")}},
+		"not utf-8":         {{Path: "dir\xff/a", Hash: h("a")}},
 	} {
 		if _, err := Build(fs); err == nil {
 			t.Errorf("Build(%s) = nil, want an error", name)

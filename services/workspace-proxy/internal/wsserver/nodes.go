@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/telorunner/telorunner/pkg/merkle"
 )
@@ -64,9 +65,17 @@ func (s *Server) nodes(r *http.Request) ([]byte, error) {
 	if err != nil {
 		return nil, walkFailure(err)
 	}
-	flat := make([]merkle.File, len(files))
-	for i, f := range files {
-		flat[i] = merkle.File{Path: f.Path, Hash: f.Hash, Size: f.size, Mode: f.mode}
+	flat := make([]merkle.File, 0, len(files))
+	skipped := 0
+	for _, f := range files {
+		if !utf8.ValidString(f.Path) {
+			skipped++ // JSON (the tree, the change set) cannot name it either.
+			continue
+		}
+		flat = append(flat, merkle.File{Path: f.Path, Hash: f.Hash, Size: f.size, Mode: f.mode})
+	}
+	if skipped > 0 {
+		s.log.Warn("files left out of the tree: their paths are not UTF-8", "files", skipped)
 	}
 	b, err := merkle.Build(flat)
 	if err != nil {

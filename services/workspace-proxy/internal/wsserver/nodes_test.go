@@ -205,3 +205,18 @@ func TestApplyMode(t *testing.T) {
 		t.Fatalf("ok.txt after a refused change set: %v, want absent", err)
 	}
 }
+
+// A file whose name is not UTF-8 cannot be named in JSON: the tree leaves
+// it out rather than fail every checkpoint of the workspace.
+func TestNodesSkipNonUTF8Names(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{"ok.txt": "ok", "d/bad\xff.txt": "bad", "d/bad\xfe.txt": "bad"})
+	f := start(t, dir, nil)
+	h, n := root(t, f.c)
+	if len(n.Entries) != 1 || n.Entries[0].Name != "ok.txt" {
+		t.Fatalf("root = %+v, want ok.txt only", n)
+	}
+	if got := flatten(t, f.c, h); len(got) != 1 {
+		t.Fatalf("tree = %v, want ok.txt only", got)
+	}
+}
