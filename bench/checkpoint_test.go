@@ -172,9 +172,13 @@ func BenchmarkCheckpoint(b *testing.B) {
 		b.ReportMetric(float64(total.stats.BytesUploaded)/float64(n), "blob-B/op")
 		b.ReportMetric(float64(snap.total()), "snapshot-B/op")
 		b.ReportMetric(float64(snap.total())/per, "x-fewer")
+		b.ReportMetric(100*per/float64(snap.total()), "pct-of-snapshot")
 		b.ReportMetric(float64(n), "n")
-		b.Logf("one file changed: n=%d incremental checkpoints, %.0f B moved each on average; the reference snapshot, n=1: %d B; %.1fx fewer",
-			n, per, snap.total(), float64(snap.total())/per)
+		b.Logf("one file changed: n=%d incremental checkpoints, %.0f B moved each on average; the reference snapshot, n=1: %d B; %.1fx fewer (%.2f %%)",
+			n, per, snap.total(), float64(snap.total())/per, 100*per/float64(snap.total()))
+		if per > float64(snap.total())/100 {
+			b.Fatalf("one file changed moved %.0f B on average, over 1 %% of the %d B snapshot", per, snap.total())
+		}
 	})
 	b.Run("snapshot", func(b *testing.B) {
 		var total int64
@@ -204,16 +208,27 @@ func TestPrintCheckpointBytes(t *testing.T) {
 	}
 
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "checkpoint of %d files (%d bytes)\tHTTP B\tNATS B\ttotal B\tblobs\tblob B\tvs snapshot\t\n",
+	fmt.Fprintf(tw, "checkpoint of %d files (%d bytes)\tHTTP B\tNATS B\ttotal B\tblobs\tblob B\tnodes read\tnodes stored\tvs snapshot\t\n",
 		first.stats.Files, first.stats.BytesTotal)
 	row := func(name string, m moved) {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.3f\t\n", name, m.http, m.nats, m.total(),
-			m.stats.Uploaded, m.stats.BytesUploaded, float64(m.total())/float64(snap.total()))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%.4f\t\n", name, m.http, m.nats, m.total(),
+			m.stats.Uploaded, m.stats.BytesUploaded, m.stats.NodesRead, m.stats.NodesStored, float64(m.total())/float64(snap.total()))
 	}
 	row("reference: GET /workspace/snapshot", snap)
 	row("incremental: first (uploads all)", first)
 	row("incremental: nothing changed", same)
 	row("incremental: one file changed", one)
 	_ = tw.Flush()
-	fmt.Printf("one file changed: %.1fx fewer bytes than a full snapshot (n=1 each: one measurement per row)\n", float64(snap.total())/float64(one.total()))
+	ratio := float64(one.total()) / float64(snap.total())
+	fmt.Printf("one file changed: %.1fx fewer bytes than a full snapshot, %.2f %% of it (n=1 each: one measurement per row)\n",
+		float64(snap.total())/float64(one.total()), 100*ratio)
+	// Issue 15: at most 1 % of the full snapshot (goal 0.5 %).
+	if ratio > 0.01 {
+		t.Fatalf("one file changed moved %d B, %.2f %% of the %d B snapshot: want at most 1 %%", one.total(), 100*ratio, snap.total())
+	}
+	// The changed file's path is apps/app-NN/src: the root and 3 nodes.
+	if one.stats.NodesStored != 4 || same.stats.NodesStored != 0 || same.total() > one.total()/10 {
+		t.Fatalf("nodes stored: one edit %d, unchanged %d (%d B moved); want 4, 0 and next to nothing",
+			one.stats.NodesStored, same.stats.NodesStored, same.total())
+	}
 }

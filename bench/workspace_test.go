@@ -14,8 +14,6 @@ import (
 	"path/filepath"
 	"sync/atomic"
 	"testing"
-
-	"github.com/telorunner/telorunner/pkg/checkpoint"
 )
 
 // serverBin and kernelBin are the workspace-server and devkernel binaries
@@ -88,7 +86,7 @@ func (b *countingBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// httpWorkspace is checkpoint.Workspace over the workspace server's HTTP
+// httpWorkspace is a checkpoint.Workspace over the workspace server's HTTP
 // API (the proxy's wsclient is internal to its module).
 type httpWorkspace struct {
 	base string
@@ -115,18 +113,12 @@ func (w httpWorkspace) get(ctx context.Context, path string) ([]byte, error) {
 	return body, nil
 }
 
-func (w httpWorkspace) Tree(ctx context.Context) ([]checkpoint.File, error) {
-	body, err := w.get(ctx, "/workspace")
-	if err != nil {
-		return nil, err
-	}
-	var t struct {
-		Files []checkpoint.File `json:"files"`
-	}
-	if err := json.Unmarshal(body, &t); err != nil {
-		return nil, fmt.Errorf("decode tree: %w", err)
-	}
-	return t.Files, nil
+func (w httpWorkspace) Root(ctx context.Context) ([]byte, error) {
+	return w.get(ctx, "/workspace/node")
+}
+
+func (w httpWorkspace) Node(ctx context.Context, hash string) ([]byte, error) {
+	return w.get(ctx, "/workspace/node/"+hash)
 }
 
 func (w httpWorkspace) Blob(ctx context.Context, hash string) ([]byte, error) {

@@ -193,3 +193,7 @@ func PresenceKey(sessionID, edgeID string) string { return sessionID + "." + edg
 
 // BlobKey is the object name of a content-addressed blob.
 func BlobKey(sha256hex string) string { return "sha256/" + sha256hex }
+
+// TreeKey is the object name of a content-addressed checkpoint tree node
+// (package merkle), named by the SHA-256 of its encoding.
+func TreeKey(sha256hex string) string { return "trees/" + sha256hex }

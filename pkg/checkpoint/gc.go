@@ -10,12 +10,15 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/merkle"
+	"github.com/telorunner/telorunner/pkg/parallel"
 )
 
-// CollectGarbage deletes every blob (sha256/*) and manifest object
-// (manifests/*) of runner_blobs that no stored manifest references and
-// that is older than Options.Grace, and returns how many it deleted.
-// Objects under other names are left alone. It reads every manifest, so
+// CollectGarbage deletes every blob (sha256/*), tree node (trees/*) and
+// manifest object (manifests/*, from before trees) of runner_blobs that
+// no stored checkpoint references and that is older than Options.Grace,
+// and returns how many it deleted. Objects under other names are left
+// alone. It reads every checkpoint's tree (each distinct node once), so
 // run it from one place on a slow cadence; an unreadable checkpoint value
 // stops it before anything is deleted.
 func (s *Store) CollectGarbage(ctx context.Context) (int, error) {
@@ -34,7 +37,8 @@ func (s *Store) CollectGarbage(ctx context.Context) (int, error) {
 	cutoff := s.opts.Now().Add(-s.opts.Grace)
 	removed := 0
 	for _, o := range objs {
-		if !strings.HasPrefix(o.Name, bus.BlobKey("")) && !strings.HasPrefix(o.Name, manifestPrefix) {
+		if !strings.HasPrefix(o.Name, bus.BlobKey("")) && !strings.HasPrefix(o.Name, bus.TreeKey("")) &&
+			!strings.HasPrefix(o.Name, manifestPrefix) {
 			continue
 		}
 		if live[o.Name] || !o.ModTime.Before(cutoff) {
@@ -59,10 +63,11 @@ func (s *Store) CollectGarbage(ctx context.Context) (int, error) {
 	return removed, nil
 }
 
-// referenced returns the object names every stored manifest references:
-// its blobs and, for one stored out of line, its manifest object. A
-// manifest object that is gone is skipped (that checkpoint is already
-// lost, and what it referenced cannot be known).
+// referenced returns the object names every stored checkpoint
+// references: the nodes of its tree and their blobs, or for a flat record
+// its blobs and, stored out of line, its manifest object. A node or
+// manifest object that is gone is skipped (that part of the checkpoint is
+// already lost, and what it referenced cannot be known).
 func (s *Store) referenced(ctx context.Context) (map[string]bool, error) {
 	w, err := s.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
@@ -84,6 +89,12 @@ func (s *Store) referenced(ctx context.Context) (map[string]bool, error) {
 		if err := json.Unmarshal(e.Value(), &r); err != nil {
 			return nil, fmt.Errorf("decode checkpoint %s: %w", e.Key(), err)
 		}
+		if r.Root != "" {
+			if err := s.mark(ctx, r.Root, live); err != nil {
+				return nil, fmt.Errorf("read checkpoint %s: %w", e.Key(), err)
+			}
+			continue
+		}
 		if r.Manifest != "" {
 			if live[r.Manifest] {
 				continue // Same tree as another session: same blobs.
@@ -101,4 +112,44 @@ func (s *Store) referenced(ctx context.Context) (map[string]bool, error) {
 			live[bus.BlobKey(f.Hash)] = true
 		}
 	}
+}
+
+// mark adds to live every node and blob of the tree rooted at root,
+// reading the nodes of one level at a time. A node already live was
+// marked with its whole subtree (by another checkpoint sharing it) and is
+// not read again.
+func (s *Store) mark(ctx context.Context, root string, live map[string]bool) error {
+	level := []string{root}
+	for len(level) > 0 {
+		var todo []string
+		for _, h := range level {
+			if name := bus.TreeKey(h); !live[name] {
+				live[name] = true
+				todo = append(todo, h)
+			}
+		}
+		nodes := make([]merkle.Node, len(todo))
+		err := parallel.Do(ctx, len(todo), s.opts.Concurrency, func(ctx context.Context, i int) error {
+			n, err := s.node(ctx, todo[i])
+			if errors.Is(err, ErrMissingBlob) {
+				return nil // Lost: what it referenced cannot be known.
+			}
+			nodes[i] = n
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		level = level[:0]
+		for _, n := range nodes {
+			for _, e := range n.Entries {
+				if e.Kind == merkle.KindDir {
+					level = append(level, e.Hash)
+				} else {
+					live[bus.BlobKey(e.Hash)] = true
+				}
+			}
+		}
+	}
+	return nil
 }

@@ -79,26 +79,16 @@ func ValidID(id string) bool {
 	return true
 }
 
-// write stores m as the session's latest checkpoint with compare-and-set
-// on rev (0: the session must have none), as the newest entry of its
-// history (prev is the record replaced), then in its history slot. A
-// file map over the inline limit goes to its own object first. It returns
-// the new checkpoint's id.
-func (s *Store) write(ctx context.Context, sessionID string, m Manifest, reason string, bytes int64, prev record, rev uint64) (string, error) {
+// write stores r (TakenAt, Count, Root, Bytes) as the session's latest
+// checkpoint with compare-and-set on rev (0: the session must have none),
+// as the newest entry of its history (prev is the record replaced), then
+// in its history slot. It returns the new checkpoint's id.
+func (s *Store) write(ctx context.Context, sessionID string, r record, reason string, prev record, rev uint64) (string, error) {
 	seq := prev.Seq + 1
 	id := strconv.FormatUint(seq, 10)
 	slot := seq % uint64(s.opts.History)
-	r := record{TakenAt: m.TakenAt, Count: len(m.Files), Files: m.Files, ID: id, Reason: reason, Bytes: bytes}
-	enc, err := json.Marshal(m.Files) // Map keys sorted: the same tree encodes the same.
-	if err != nil {
-		return "", fmt.Errorf("encode manifest: %w", err)
-	}
-	if len(enc) > s.opts.InlineLimit {
-		r.Files, r.Manifest = nil, manifestPrefix+sha256Hex(enc)
-		if err := s.ensureObject(ctx, r.Manifest, enc); err != nil {
-			return "", err
-		}
-	}
+	r.ID, r.Reason = id, reason
+	bytes := r.Bytes
 	entry := Checkpoint{ID: id, TakenAt: r.TakenAt, Reason: reason, Files: r.Count, Bytes: bytes, Slot: slot}
 	latest := r
 	latest.Seq = seq
@@ -209,8 +199,10 @@ func (s *Store) LoadCheckpoint(ctx context.Context, sessionID, id string) (Manif
 }
 
 // Fork gives session dst the latest checkpoint of src as its own first
-// one (reason fork), copying metadata only: the file map (inline) or the
-// name of its manifest object, never a blob. dst must have no checkpoint.
+// one (reason fork), copying metadata only: the root hash of its tree (or,
+// for a checkpoint stored before trees, its flat file map or the name of
+// its manifest object), never a node or a blob. dst must have no
+// checkpoint.
 // ErrNoCheckpoint when src has none.
 func Fork(ctx context.Context, kv jetstream.KeyValue, src, dst string) (Checkpoint, error) {
 	r, ok, err := getRecord(ctx, kv, src)

@@ -63,8 +63,8 @@ func TestHistoryKeepsTheNewest(t *testing.T) {
 		}
 	}
 	now = after(t, s).Add(grace)
-	if n, err := s.CollectGarbage(ctx); err != nil || n != 2 {
-		t.Fatalf("CollectGarbage() = %d, %v; want 2 (versions 1 and 2)", n, err)
+	if n, err := s.CollectGarbage(ctx); err != nil || n != 4 {
+		t.Fatalf("CollectGarbage() = %d, %v; want 4 (versions 1 and 2, and their root nodes)", n, err)
 	}
 	names := objectNames(t, s)
 	for i := 1; i <= 5; i++ {
@@ -115,15 +115,19 @@ func TestHistoryShortened(t *testing.T) {
 // Fork copies metadata only: no object is written, and the fork's
 // checkpoint is the source's tree under a history of its own.
 func TestForkCopiesMetadataOnly(t *testing.T) {
-	for _, inline := range []int{0, 1} { // inline manifest, manifest object
-		t.Run(fmt.Sprintf("inlineLimit=%d", inline), func(t *testing.T) {
+	for _, format := range []string{"tree", "flat"} { // A checkpoint stored before trees forks too.
+		t.Run(format, func(t *testing.T) {
 			e := newEnv(t)
-			s := e.store(t, Options{InlineLimit: inline})
+			s := e.store(t, Options{})
 			ctx := t.Context()
 			src, dst := newID(), newID()
 			files := sourceFiles(40)
-			if _, _, err := s.Take(ctx, src, newMemWorkspace(files)); err != nil {
-				t.Fatal(err)
+			if format == "tree" {
+				if _, _, err := s.Take(ctx, src, newMemWorkspace(files)); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				putFlat(t, s, src, putBlobs(t, s, files), true)
 			}
 			before := objectNames(t, s)
 			c, err := Fork(ctx, e.kv(t), src, dst)

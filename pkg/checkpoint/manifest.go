@@ -19,7 +19,9 @@ import (
 type Entry struct {
 	Hash string `json:"hash"` // Lowercase hex SHA-256 of the bytes.
 	Size int64  `json:"size"`
-	Mode uint32 `json:"mode,omitempty"` // Permission bits; 0 = unknown.
+	// Mode is the permission bits (0o755, 0o644, ...); 0 = unknown (a
+	// checkpoint stored before modes were recorded).
+	Mode uint32 `json:"mode,omitempty"`
 }
 
 // Manifest is one checkpoint of a workspace: path → entry, and the time the
@@ -30,13 +32,19 @@ type Manifest struct {
 	// ID names the checkpoint in its session's history ("" for one
 	// written before histories existed).
 	ID string `json:"id,omitempty"`
+	// Root is the hash of the checkpoint's root tree node ("" for one
+	// stored as a flat file map before trees existed).
+	Root string `json:"root,omitempty"`
 }
 
-// manifestPrefix names out-of-line manifest objects in runner_blobs.
+// manifestPrefix names out-of-line manifest objects in runner_blobs,
+// written before checkpoints were trees (still read, and collected).
 const manifestPrefix = "manifests/"
 
-// record is the runner_checkpoints value: the manifest inline, or the name
-// of the object holding its encoded file map.
+// record is the runner_checkpoints value: the hash of the checkpoint's
+// root tree node (trees/<hash> in runner_blobs). Records written before
+// trees existed hold the file map instead, inline or as the name of the
+// object holding its encoding; they are still read.
 //
 // The session's key (<sessionId>) holds its latest checkpoint plus the
 // history index (newest first) and the last sequence drawn; each kept
@@ -45,6 +53,7 @@ const manifestPrefix = "manifests/"
 type record struct {
 	TakenAt  time.Time        `json:"takenAt"`
 	Count    int              `json:"count"`
+	Root     string           `json:"root,omitempty"`
 	Files    map[string]Entry `json:"files,omitempty"`
 	Manifest string           `json:"manifest,omitempty"`
 	ID       string           `json:"id,omitempty"`
@@ -68,30 +77,43 @@ func (s *Store) Load(ctx context.Context, sessionID string) (Manifest, bool, err
 	return m, rev != 0, err
 }
 
-// load returns the manifest stored under key, its record and the value's
-// revision (0 when there is none).
+// load returns the manifest stored under key (its file map read from its
+// tree), its record and the value's revision (0 when there is none).
 func (s *Store) load(ctx context.Context, key string) (Manifest, record, uint64, error) {
-	e, err := s.kv.Get(ctx, key)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return Manifest{Files: map[string]Entry{}}, record{}, 0, nil
-	}
-	if err != nil {
-		return Manifest{}, record{}, 0, fmt.Errorf("get checkpoint %s: %w", key, err)
-	}
-	var r record
-	if err := json.Unmarshal(e.Value(), &r); err != nil {
-		return Manifest{}, record{}, 0, fmt.Errorf("decode checkpoint %s: %w", key, err)
+	r, rev, err := s.latest(ctx, key)
+	if err != nil || rev == 0 {
+		return Manifest{Files: map[string]Entry{}}, r, rev, err
 	}
 	files, err := s.files(ctx, r)
 	if err != nil {
 		return Manifest{}, record{}, 0, fmt.Errorf("load checkpoint %s: %w", key, err)
 	}
-	return Manifest{TakenAt: r.TakenAt, Files: files, ID: r.ID}, r, e.Revision(), nil
+	return Manifest{TakenAt: r.TakenAt, Files: files, ID: r.ID, Root: r.Root}, r, rev, nil
 }
 
-// files returns a record's file map, reading it from its object when it
-// is stored out of line.
+// latest returns the record stored under key and the value's revision (0
+// when there is none).
+func (s *Store) latest(ctx context.Context, key string) (record, uint64, error) {
+	e, err := s.kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return record{}, 0, nil
+	}
+	if err != nil {
+		return record{}, 0, fmt.Errorf("get checkpoint %s: %w", key, err)
+	}
+	var r record
+	if err := json.Unmarshal(e.Value(), &r); err != nil {
+		return record{}, 0, fmt.Errorf("decode checkpoint %s: %w", key, err)
+	}
+	return r, e.Revision(), nil
+}
+
+// files returns a record's file map: walked from its tree, or for a flat
+// record inline or read from its object.
 func (s *Store) files(ctx context.Context, r record) (map[string]Entry, error) {
+	if r.Root != "" {
+		return s.treeFiles(ctx, r.Root)
+	}
 	if r.Manifest == "" {
 		if r.Files == nil {
 			return map[string]Entry{}, nil
@@ -120,17 +142,18 @@ func (s *Store) files(ctx context.Context, r record) (map[string]Entry, error) {
 // ensureObject stores data under name unless an object of that name (a
 // content address) is already there, in which case it refreshes its
 // modification time when it is old enough to be near collection.
-func (s *Store) ensureObject(ctx context.Context, name string, data []byte) error {
+// It reports whether it stored data.
+func (s *Store) ensureObject(ctx context.Context, name string, data []byte) (bool, error) {
 	found, err := s.adopt(ctx, name)
 	if err != nil || found != nil {
-		return err
+		return false, err
 	}
 	ctx, cancel := bus.ObjectContext(ctx)
 	defer cancel()
 	if _, err := s.blobs.PutBytes(ctx, name, data); err != nil {
-		return fmt.Errorf("put %s: %w", name, err)
+		return false, fmt.Errorf("put %s: %w", name, err)
 	}
-	return nil
+	return true, nil
 }
 
 // adopt returns the info of the object name (nil when absent), first

@@ -13,6 +13,7 @@ import (
 type RestoreFile struct {
 	Path    string
 	Content []byte // Shared between files with the same content: read only.
+	Mode    uint32 // Permission bits; 0 = unknown (give the default).
 }
 
 // Window bounds of Files: how much it holds in memory at once.
@@ -58,7 +59,8 @@ func (s *Store) Files(ctx context.Context, m Manifest) iter.Seq2[RestoreFile, er
 				content[h] = fetched[i]
 			}
 			for _, p := range window {
-				if !yield(RestoreFile{Path: p, Content: content[m.Files[p].Hash]}, nil) {
+				e := m.Files[p]
+				if !yield(RestoreFile{Path: p, Content: content[e.Hash], Mode: e.Mode}, nil) {
 					return
 				}
 			}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/telorunner/telorunner/pkg/checkpoint"
 	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/pkg/merkle"
 	"github.com/telorunner/telorunner/pkg/session"
 	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsclient"
 )
@@ -37,22 +38,54 @@ func (p *proxy) checkpoints(ctx context.Context) (*checkpoint.Store, error) {
 	return st, nil
 }
 
-// workspace adapts a workspace server client to checkpoint.Workspace.
+// workspace adapts a workspace server client to checkpoint.Workspace:
+// the tree nodes of GET /workspace/node and the blobs.
 type workspace struct{ c *wsclient.Client }
 
-func (w workspace) Tree(ctx context.Context) ([]checkpoint.File, error) {
-	t, err := w.c.Tree(ctx)
-	if err != nil {
-		return nil, err
-	}
-	files := make([]checkpoint.File, len(t.Files))
-	for i, f := range t.Files {
-		files[i] = checkpoint.File{Path: f.Path, Hash: f.Hash}
-	}
-	return files, nil
+func (w workspace) Root(ctx context.Context) ([]byte, error) { return w.c.Root(ctx) }
+
+func (w workspace) Node(ctx context.Context, hash string) ([]byte, error) {
+	return w.c.Node(ctx, hash)
 }
 
 func (w workspace) Blob(ctx context.Context, hash string) ([]byte, error) { return w.c.Blob(ctx, hash) }
+
+// liveFiles lists the live workspace with sizes and modes, by path, from
+// its tree nodes.
+func liveFiles(ctx context.Context, c *wsclient.Client) (map[string]merkle.File, error) {
+	data, err := c.Root(ctx)
+	if err != nil {
+		return nil, err
+	}
+	root := merkle.Hash(data)
+	rootNode, err := merkle.Decode(data)
+	if err != nil {
+		return nil, contract.Errorf("workspace_error", "workspace tree: %v", err)
+	}
+	get := func(ctx context.Context, h string) (merkle.Node, error) {
+		if h == root {
+			return rootNode, nil
+		}
+		data, err := c.Node(ctx, h)
+		if err != nil {
+			return merkle.Node{}, err
+		}
+		n, err := merkle.Decode(data)
+		if err != nil {
+			return merkle.Node{}, contract.Errorf("workspace_error", "workspace tree: %v", err)
+		}
+		return n, nil
+	}
+	flat, err := merkle.Flatten(ctx, root, get, 4)
+	if err != nil {
+		return nil, err
+	}
+	files := make(map[string]merkle.File, len(flat))
+	for _, f := range flat {
+		files[f.Path] = f
+	}
+	return files, nil
+}
 
 // checkpointRequest is the optional body of runner.ws.<id>.checkpoint.
 type checkpointRequest struct {
@@ -158,8 +191,9 @@ func restore(ctx context.Context, st *checkpoint.Store, c *wsclient.Client, sess
 	return applyTree(ctx, st, c, sessionID, m, nil, lim)
 }
 
-// applyTree writes every file of m into the workspace, base64, in change
-// sets of bounded size, then deletes the paths of del (in the last set).
+// applyTree writes every file of m into the workspace, base64, with its
+// mode (when the checkpoint recorded one), in change sets of bounded
+// size, then deletes the paths of del (in the last set).
 // A failure part-way leaves the change sets already applied.
 func applyTree(ctx context.Context, st *checkpoint.Store, c *wsclient.Client, sessionID string, m checkpoint.Manifest, del []string, lim batchLimits) (restoreResult, error) {
 	res := restoreResult{TakenAt: m.TakenAt}
@@ -191,7 +225,7 @@ func applyTree(ctx context.Context, st *checkpoint.Store, c *wsclient.Client, se
 			}
 		}
 		cs.Write = append(cs.Write, wsclient.WriteOp{Path: path, Encoding: wsclient.EncodingBase64,
-			Content: base64.StdEncoding.EncodeToString(f.Content)})
+			Content: base64.StdEncoding.EncodeToString(f.Content), Mode: f.Mode})
 		pending += size
 		res.Files++
 		res.Bytes += size
@@ -216,7 +250,7 @@ type restoreToResult struct {
 }
 
 // restoreTo makes the live workspace exactly the tree of checkpoint cid
-// of the session's history: files whose content differs are written,
+// of the session's history: files whose content or mode differs are written,
 // files it does not hold are removed, unchanged files are left alone.
 // Every app's kernel then sees a change (its entry was written, or is
 // touched), so each reloads through --watch; the tree is recorded as a
@@ -241,21 +275,20 @@ func (p *proxy) restoreTo(ctx context.Context, c *wsclient.Client, rec session.R
 	if err != nil {
 		return nil, storeErr("restore", rec.ID, err)
 	}
-	tree, err := c.Tree(ctx)
+	have, err := liveFiles(ctx, c)
 	if err != nil {
 		return nil, err
 	}
 	changed := checkpoint.Manifest{TakenAt: m.TakenAt, Files: map[string]checkpoint.Entry{}}
-	have := make(map[string]string, len(tree.Files))
 	var del []string
-	for _, f := range tree.Files {
-		have[f.Path] = f.Hash
-		if _, ok := m.Files[f.Path]; !ok {
-			del = append(del, f.Path)
+	for path := range have {
+		if _, ok := m.Files[path]; !ok {
+			del = append(del, path)
 		}
 	}
+	slices.Sort(del)
 	for path, e := range m.Files {
-		if have[path] != e.Hash {
+		if f, ok := have[path]; !ok || f.Hash != e.Hash || (e.Mode != 0 && f.Mode != e.Mode) {
 			changed.Files[path] = e
 		}
 	}

@@ -225,14 +225,15 @@ func (p *proxy) op(ctx context.Context, c *wsclient.Client, id, op string, data 
 }
 
 // normalizeChangeSet re-normalizes every path: the proxy never trusts its
-// caller to have done so (19.17).
+// caller to have done so (19.17). A mode is dropped: the /v1 change set
+// has none (only a checkpoint restore sets one).
 func normalizeChangeSet(cs *wsclient.ChangeSet) error {
 	for i, w := range cs.Write {
 		p, err := contract.NormalizePath(w.Path)
 		if err != nil {
 			return contract.Errorf("invalid_path", "%v", err)
 		}
-		cs.Write[i].Path = p
+		cs.Write[i].Path, cs.Write[i].Mode = p, 0
 	}
 	for i, d := range cs.Delete {
 		p, err := contract.NormalizePath(d)

@@ -59,11 +59,14 @@ type ChangeSet struct {
 }
 
 // WriteOp writes Content to Path; Encoding is EncodingUTF8 (or empty) or
-// EncodingBase64.
+// EncodingBase64. Mode, when not 0, gives the file those permission bits
+// (a checkpoint restore; the /v1 change set has no mode); 0 keeps an
+// existing file's mode and gives a new one 0644.
 type WriteOp struct {
 	Path     string `json:"path"`
 	Content  string `json:"content"`
 	Encoding string `json:"encoding,omitempty"`
+	Mode     uint32 `json:"mode,omitempty"`
 }
 
 // ApplyResult counts the operations of an applied ChangeSet.
@@ -174,6 +177,27 @@ func (c *Client) Snapshot(ctx context.Context) ([]SnapshotFile, error) {
 // checks them against it.
 func (c *Client) Blob(ctx context.Context, hash string) ([]byte, error) {
 	p := "/workspace/blob/" + url.PathEscape(hash)
+	data, err := c.do(ctx, http.MethodGet, p, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	if sum := sha256.Sum256(data); !strings.EqualFold(hex.EncodeToString(sum[:]), hash) {
+		return nil, fmt.Errorf("workspace GET %s: content does not match its hash", p)
+	}
+	return data, nil
+}
+
+// Root walks the workspace and returns the canonical encoding of its
+// root tree node (package merkle); its SHA-256 is the root's hash.
+func (c *Client) Root(ctx context.Context) ([]byte, error) {
+	return c.do(ctx, http.MethodGet, "/workspace/node", nil, nil)
+}
+
+// Node returns the encoding of the tree node hash of one of the server's
+// recent walks (the last 8), checked against hash; a node no recent walk
+// produced is a file_not_found Error.
+func (c *Client) Node(ctx context.Context, hash string) ([]byte, error) {
+	p := "/workspace/node/" + url.PathEscape(hash)
 	data, err := c.do(ctx, http.MethodGet, p, nil, nil)
 	if err != nil {
 		return nil, err

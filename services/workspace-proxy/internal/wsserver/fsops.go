@@ -153,7 +153,13 @@ func (s *Server) readRegular(name string) ([]byte, fs.FileInfo, error) {
 // followed. The data is not fsynced: the workspace is a scratch volume
 // whose durable copy is the checkpoint.
 func (s *Server) writeAtomic(name string, data []byte) error {
-	return s.replace(name, data, nil)
+	return s.replace(name, data, nil, nil)
+}
+
+// writeMode is writeAtomic giving the file the permission bits mode
+// instead of keeping the old file's (a checkpoint restore).
+func (s *Server) writeMode(name string, data []byte, mode fs.FileMode) error {
+	return s.replace(name, data, &mode, nil)
 }
 
 // touch rewrites the file described by was (as read moments ago) with its
@@ -161,12 +167,13 @@ func (s *Server) writeAtomic(name string, data []byte) error {
 // already gave the watchers their event, so touch leaves it alone rather
 // than put the old bytes back.
 func (s *Server) touch(name string, data []byte, was fs.FileInfo) error {
-	return s.replace(name, data, was)
+	return s.replace(name, data, nil, was)
 }
 
-// replace is writeAtomic; with a non-nil guard the final rename happens
-// only while name is still that file, unmodified.
-func (s *Server) replace(name string, data []byte, guard fs.FileInfo) error {
+// replace is writeAtomic; a non-nil mode sets the permission bits, and
+// with a non-nil guard the final rename happens only while name is still
+// that file, unmodified.
+func (s *Server) replace(name string, data []byte, mode *fs.FileMode, guard fs.FileInfo) error {
 	d, err := s.dirOf(name, true)
 	if err != nil {
 		return err
@@ -181,6 +188,9 @@ func (s *Server) replace(name string, data []byte, guard fs.FileInfo) error {
 		return fmt.Errorf("%s: is a directory", name)
 	case fi.Mode().IsRegular():
 		perm = fi.Mode().Perm()
+	}
+	if mode != nil {
+		perm = *mode
 	}
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:]) // crypto/rand.Read never fails.

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"strconv"
 	"strings"
 
 	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/pkg/merkle"
 )
 
 func (s *Server) routes() {
@@ -22,6 +24,8 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /workspace/file", s.handle(s.getFile))
 	s.mux.HandleFunc("GET /workspace/snapshot", s.handle(s.getSnapshot))
 	s.mux.HandleFunc("GET /workspace/blob/{hash}", s.handle(s.getBlob))
+	s.mux.HandleFunc("GET /workspace/node", s.handle(s.getRoot))
+	s.mux.HandleFunc("GET /workspace/node/{hash}", s.handle(s.getNode))
 	s.mux.HandleFunc("POST /workspace/touch", s.handle(s.writing(s.postTouch)))
 	s.mux.HandleFunc("POST /workspace/freeze", s.handle(s.postFreeze))
 }
@@ -102,20 +106,25 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) error {
 }
 
 // changeSet is the body of POST /workspace. Pointers tell a missing
-// field from an empty one.
+// field from an empty one. A write's mode (permission bits, 0 to 0777) is
+// internal to the runner (a checkpoint restore): the /v1 change set has
+// none, and without one a rewritten file keeps its mode, a new one 0644.
 type changeSet struct {
 	Write []struct {
 		Path     *string `json:"path"`
 		Content  *string `json:"content"`
 		Encoding string  `json:"encoding"`
+		Mode     *uint32 `json:"mode"`
 	} `json:"write"`
 	Delete []*string `json:"delete"`
 }
 
-// write is one validated write: normalized path and decoded bytes.
+// write is one validated write: normalized path, decoded bytes and the
+// mode asked for (nil: keep or default).
 type write struct {
 	path string
 	data []byte
+	mode *fs.FileMode
 }
 
 // postApply validates the whole change set first (so a bad path or body
@@ -140,6 +149,13 @@ func (s *Server) postApply(w http.ResponseWriter, r *http.Request) error {
 			return badRequest(fmt.Sprintf("write[%d]: %v", i, err))
 		}
 		writes[i] = write{path: p, data: data}
+		if op.Mode != nil {
+			if *op.Mode > merkle.MaxMode {
+				return badRequest(fmt.Sprintf("write[%d]: mode %o: only permission bits (at most 0777)", i, *op.Mode))
+			}
+			m := fs.FileMode(*op.Mode)
+			writes[i].mode = &m
+		}
 	}
 	deletes := make([]string, len(cs.Delete))
 	for i, d := range cs.Delete {
@@ -153,7 +169,13 @@ func (s *Server) postApply(w http.ResponseWriter, r *http.Request) error {
 		deletes[i] = p
 	}
 	for _, wr := range writes {
-		if err := s.writeAtomic(wr.path, wr.data); err != nil {
+		var err error
+		if wr.mode != nil {
+			err = s.writeMode(wr.path, wr.data, *wr.mode)
+		} else {
+			err = s.writeAtomic(wr.path, wr.data)
+		}
+		if err != nil {
 			return fsFailure(codeWriteFailed, fmt.Errorf("write %s: %w", wr.path, err))
 		}
 	}

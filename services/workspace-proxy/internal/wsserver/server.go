@@ -76,6 +76,7 @@ type Server struct {
 	log     *slog.Logger
 	mux     *http.ServeMux
 	hashes  *hashCache
+	trees   *nodeCache // Tree nodes of the last walks (GET /workspace/node).
 	now     func() time.Time
 	// errEscapes is os.Root's (unexported) error for a path that leaves
 	// the root, captured at New so that it can be matched with errors.Is.
@@ -112,6 +113,7 @@ func New(opts Options) (*Server, error) {
 		log:     opts.Logger,
 		mux:     http.NewServeMux(),
 		hashes:  newHashCache(),
+		trees:   newNodeCache(),
 		now:     time.Now,
 	}
 	for _, name := range opts.Exclude {
@@ -130,7 +132,8 @@ func New(opts Options) (*Server, error) {
 func (s *Server) Close() error { return s.root.Close() }
 
 // ServeHTTP dispatches to the routes of contract 9.2 plus
-// GET /workspace/blob/{hash}, POST /workspace/touch and GET /healthz.
+// GET /workspace/blob/{hash}, GET /workspace/node[/{hash}] (tree nodes),
+// POST /workspace/touch and GET /healthz.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
 // Serve answers on ln until ctx ends, then stops accepting, lets in-flight

@@ -23,10 +23,14 @@ type entry struct {
 	info fs.FileInfo // Lstat at listing time.
 }
 
-// treeFile is one file of a tree: path and lowercase hex SHA-256.
+// treeFile is one file of a tree: path and lowercase hex SHA-256 (the
+// listing's JSON), plus the size and permission bits the tree nodes
+// record (GET /workspace/node).
 type treeFile struct {
 	Path string `json:"path"`
 	Hash string `json:"hash"`
+	size int64
+	mode uint32
 }
 
 // list walks the root and returns every regular file sorted by path in
@@ -109,11 +113,13 @@ func (s *Server) tree(ctx context.Context) ([]treeFile, error) {
 	}
 	hashes := make([]string, len(entries))
 	stamps := make([]stamp, len(entries))
+	sizes := make([]int64, len(entries))
+	modes := make([]uint32, len(entries))
 	var misses []int
 	s.hashes.mu.Lock()
 	for i, e := range entries {
 		if h, ok := s.hashes.lookupLocked(e.path, e.info); ok {
-			hashes[i] = h
+			hashes[i], sizes[i], modes[i] = h, e.info.Size(), uint32(e.info.Mode().Perm())
 		} else {
 			misses = append(misses, i)
 		}
@@ -129,7 +135,7 @@ func (s *Server) tree(ctx context.Context) ([]treeFile, error) {
 		if err != nil {
 			return err
 		}
-		hashes[i], stamps[i] = h, st
+		hashes[i], stamps[i], sizes[i], modes[i] = h.hash, st, h.size, h.mode
 		return nil
 	})
 	if err != nil {
@@ -139,7 +145,7 @@ func (s *Server) tree(ctx context.Context) ([]treeFile, error) {
 	files := make([]treeFile, 0, len(entries))
 	for i, e := range entries {
 		if hashes[i] != "" {
-			files = append(files, treeFile{Path: e.path, Hash: hashes[i]})
+			files = append(files, treeFile{Path: e.path, Hash: hashes[i], size: sizes[i], mode: modes[i]})
 		}
 	}
 	s.hashes.mu.Lock()
@@ -153,20 +159,29 @@ func (s *Server) tree(ctx context.Context) ([]treeFile, error) {
 	return files, nil
 }
 
+// hashed is what hashFile read: the hash and size of the bytes, and the
+// permission bits of the file they came from.
+type hashed struct {
+	hash string
+	size int64
+	mode uint32
+}
+
 // hashFile hashes the regular file at name and returns the stamp of the
 // file it actually read.
-func (s *Server) hashFile(name string) (string, stamp, error) {
+func (s *Server) hashFile(name string) (hashed, stamp, error) {
 	f, fi, err := s.openRegular(name)
 	if err != nil {
-		return "", stamp{}, err
+		return hashed{}, stamp{}, err
 	}
 	defer func() { _ = f.Close() }() // Read-only: nothing to lose.
 	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", stamp{}, fmt.Errorf("hash %s: %w", name, err)
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return hashed{}, stamp{}, fmt.Errorf("hash %s: %w", name, err)
 	}
 	st, _ := stampOf(fi)
-	return hex.EncodeToString(h.Sum(nil)), st, nil
+	return hashed{hash: hex.EncodeToString(h.Sum(nil)), size: n, mode: uint32(fi.Mode().Perm())}, st, nil
 }
 
 // snapshotFile is one file of a snapshot; Content is base64 on the wire.
