@@ -43,9 +43,15 @@ type memRig struct {
 	base  string            // the edge's /v1
 	ops   map[string]string // service → ops base URL (the edge: its own port)
 	store *session.Store    // the bench's own view of the bus (test-only identity)
+	procs map[string]*proc  // service → its process
+	work  string            // the driver's RUNNER_DATA_DIR
 }
 
-func startMemRig(tb testing.TB) *memRig {
+func startMemRig(tb testing.TB) *memRig { return startServiceRig(tb, nil) }
+
+// startServiceRig is startMemRig with extra environment for some services
+// (service → KEY=value entries).
+func startServiceRig(tb testing.TB, extra map[string][]string) *memRig {
 	tb.Helper()
 	binDir := tb.TempDir()
 	for _, s := range services {
@@ -63,8 +69,8 @@ func startMemRig(tb testing.TB) *memRig {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	r := &memRig{ops: map[string]string{}, store: store}
 	work := tb.TempDir()
+	r := &memRig{ops: map[string]string{}, store: store, procs: map[string]*proc{}, work: work}
 	for _, s := range services {
 		addr := freeAddr(tb)
 		env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "LOG_LEVEL=warn",
@@ -83,8 +89,9 @@ func startMemRig(tb testing.TB) *memRig {
 			env = append(env, "RUNNER_BACKEND=local", "RUNNER_KERNEL_COMMAND="+kernelBin, "RUNNER_WORKSPACE_SERVER_COMMAND="+serverBin,
 				"RUNNER_DATA_DIR="+work, "RUNNER_WORK_DIR="+filepath.Join(work, "sessions"))
 		}
+		env = append(env, extra[s]...)
 		r.ops[s] = "http://" + addr
-		startProcess(tb, s, filepath.Join(binDir, s), env, r.ops[s]+"/readyz")
+		r.procs[s] = startProcess(tb, s, filepath.Join(binDir, s), env, r.ops[s]+"/readyz")
 	}
 	return r
 }

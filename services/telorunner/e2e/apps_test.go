@@ -45,8 +45,7 @@ func TestPutAppsRecreateFailure(t *testing.T) {
 	c := r.create(t, watchBody(files, []app{{Name: "a", Entry: "a/telo.yaml"}}, ""))
 	sse := openSSE(t, r.URL+c.StreamURL, nil)
 	defer sse.Close()
-	sse.until(t, 60*time.Second, isStatus("running"))
-	sse.until(t, 30*time.Second, isRun("a", "started", 1))
+	sse.untilAll(t, 60*time.Second, isStatus("running"), isRun("a", "started", 1))
 
 	// The next workload's workspace server exits at once.
 	falseBin := "/bin/false"

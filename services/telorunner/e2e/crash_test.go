@@ -220,8 +220,7 @@ func TestCrashRestartRecoversWatchSession(t *testing.T) {
 	}
 	c := createOn(t, a.URL, watchBody(files, []app{{Name: "web", Entry: "web/telo.yaml"}, {Name: "worker", Entry: "worker/telo.yaml", IO: "streams"}}, ""))
 	sse := openSSE(t, a.URL+c.StreamURL, nil)
-	sse.until(t, 60*time.Second, isStatus("running"))
-	sse.until(t, 30*time.Second, isRun("web", "started", 1))
+	sse.untilAll(t, 60*time.Second, isStatus("running"), isRun("web", "started", 1))
 	if resp := do(t, "POST", a.URL+"/v1/sessions/"+c.SessionID+"/workspace", map[string]any{"write": []map[string]any{
 		{"path": "notes/edit.txt", "content": "written before the crash\n"},
 		{"path": "README.md", "content": "edited\n"},

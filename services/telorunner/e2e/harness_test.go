@@ -472,6 +472,39 @@ func (s *sseStream) diagnose() string {
 	return out + fmt.Sprintf("; a fresh stream got %d events in 3 s (ids %v), the last: %s", len(ids), ids, strings.Join(last, " | "))
 }
 
+// untilAll waits until every predicate has matched an event, in any
+// order, and returns every event seen. A workload's status and its
+// kernel's events are not ordered against each other: on Kubernetes the
+// kernel can report its first run before the pod's status turns the
+// session running, so waiting for one and then the other can miss the
+// second.
+func (s *sseStream) untilAll(t *testing.T, timeout time.Duration, preds ...func(sseEvent) bool) []sseEvent {
+	t.Helper()
+	matched := make([]bool, len(preds))
+	left := len(preds)
+	return s.until(t, timeout, func(e sseEvent) bool {
+		for i, p := range preds {
+			if !matched[i] && p(e) {
+				matched[i] = true
+				left--
+			}
+		}
+		return left == 0
+	})
+}
+
+// lastMatch is the last event of evs that pred matches (fails t if none).
+func lastMatch(t *testing.T, evs []sseEvent, pred func(sseEvent) bool) sseEvent {
+	t.Helper()
+	for i := len(evs) - 1; i >= 0; i-- {
+		if pred(evs[i]) {
+			return evs[i]
+		}
+	}
+	t.Fatalf("no matching event among %s", summarize(evs))
+	return sseEvent{}
+}
+
 // drain collects events until the server closes the stream.
 func (s *sseStream) drain(t *testing.T, timeout time.Duration) []sseEvent {
 	t.Helper()

@@ -40,8 +40,7 @@ func TestReloadBudgetRefills(t *testing.T) {
 	b := startEdgeReplica(t, r, "edge-clock", vars, clock.Now)
 	c := r.create(t, watchBody(map[string]string{"telo.yaml": manifest("budget", nil, nil)}, []app{{Name: "app", Entry: "telo.yaml"}}, ""))
 	sse := openSSE(t, r.URL+c.StreamURL, nil)
-	sse.until(t, 60*time.Second, isStatus("running"))
-	sse.until(t, 30*time.Second, isRun("app", "started", 1))
+	sse.untilAll(t, 60*time.Second, isStatus("running"), isRun("app", "started", 1))
 
 	reload := func(at time.Duration, wantStatus int, wantRetry string) {
 		t.Helper()

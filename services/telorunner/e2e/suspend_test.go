@@ -212,8 +212,7 @@ func TestPutAppsAddsAndRemoves(t *testing.T) {
 	files := map[string]string{"a/telo.yaml": manifest("a", nil, nil), "b/telo.yaml": manifest("b", nil, nil), "c/telo.yaml": manifest("c", nil, nil), "keep.txt": "keep me\n"}
 	c := r.create(t, watchBody(files, []app{{Name: "a", Entry: "a/telo.yaml"}, {Name: "b", Entry: "b/telo.yaml"}}, ""))
 	sse := openSSE(t, r.URL+c.StreamURL, nil)
-	sse.until(t, 60*time.Second, isStatus("running"))
-	sse.until(t, 30*time.Second, isRun("a", "started", 1))
+	sse.untilAll(t, 60*time.Second, isStatus("running"), isRun("a", "started", 1))
 	writeFiles(t, r, c.SessionID, map[string]string{"later.txt": "written later\n"})
 	before := tree(t, r, c.SessionID)
 

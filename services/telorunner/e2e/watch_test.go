@@ -278,8 +278,7 @@ func TestWatchReloadBudget(t *testing.T) {
 	r := watchRunner(t, nil)
 	c := r.create(t, watchBody(map[string]string{"telo.yaml": manifest("r", nil, nil)}, []app{{Name: "app", Entry: "telo.yaml"}}, ""))
 	sse := openSSE(t, r.URL+c.StreamURL, nil)
-	sse.until(t, 60*time.Second, isStatus("running"))
-	sse.until(t, 30*time.Second, isRun("app", "started", 1))
+	sse.untilAll(t, 60*time.Second, isStatus("running"), isRun("app", "started", 1))
 	for i := 1; i <= 30; i++ {
 		if resp := do(t, "POST", r.URL+"/v1/sessions/"+c.SessionID+"/reload", nil, nil); resp.Status != 202 {
 			t.Fatalf("reload %d = %d %s", i, resp.Status, resp.Body)
