@@ -34,6 +34,12 @@ type runner struct {
 
 func startRunner(tb testing.TB, vars map[string]string) runner {
 	tb.Helper()
+	return startRunnerLog(tb, vars, slog.New(slog.NewTextHandler(io.Discard, nil)))
+}
+
+// startRunnerLog is startRunner with the all-in-one logging to log.
+func startRunnerLog(tb testing.TB, vars map[string]string, log *slog.Logger) runner {
+	tb.Helper()
 	vars["RUNNER_DATA_DIR"] = tb.TempDir()
 	vars["RUNNER_KERNEL_COMMAND"] = kernelBin
 	vars["RUNNER_WORKSPACE_SERVER_COMMAND"] = serverBin
@@ -49,7 +55,7 @@ func startRunner(tb testing.TB, vars map[string]string) runner {
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- allinone.Run(ctx, cfg, allinone.Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Listener: ln,
+		done <- allinone.Run(ctx, cfg, allinone.Deps{Logger: log, Listener: ln,
 			Ready: func(_ net.Addr, u string) { ready <- u }})
 	}()
 	r := runner{url: "http://" + ln.Addr().String(), dataDir: vars["RUNNER_DATA_DIR"]}

@@ -18,6 +18,10 @@ type Spec struct {
 	// Bundle is the run session's application (or the watch session's
 	// initial workspace).
 	Bundle contract.Bundle
+	// Restore, when set, is a watch session's workspace as a checkpoint
+	// (resume, app-set change): it is seeded instead of Bundle.Files,
+	// whose EntryRelativePath still names the default app's entry.
+	Restore *Restore
 	// Env is the shaped session env (registry URL injected, TELO_CACHE_DIR
 	// removed). Only this env reaches app kernels.
 	Env     map[string]string
@@ -35,6 +39,28 @@ type Spec struct {
 	// it is, instead of seeding Bundle (crash recovery; see the local
 	// backend's WorkspaceIntact).
 	KeepWorkspace bool
+}
+
+// Restore is a workspace to seed from a checkpoint: its files by content
+// hash, and how to fetch a blob. A backend streams it into the workspace
+// (kernelwire.Seed): one fetch per distinct hash, in change sets of
+// bounded size, memory bounded by a constant rather than the workspace.
+type Restore struct {
+	// Files lists every file of the checkpoint.
+	Files []RestoreFile
+	// Fetch returns the bytes of the blob hash, checked against it. It is
+	// called concurrently.
+	Fetch func(ctx context.Context, hash string) ([]byte, error)
+}
+
+// RestoreFile is one file of a Restore.
+type RestoreFile struct {
+	Path string
+	Hash string // Lowercase hex SHA-256 of the bytes.
+	Size int64
+	// Mode is the file's permission bits; 0 leaves the workspace server's
+	// default. It is passed through to the write op as is.
+	Mode uint32
 }
 
 // Agent is a resolved operator catalog entry run beside a watch session's

@@ -2,7 +2,6 @@ package driver
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -328,9 +327,10 @@ func (o *owned) lifecycle() *contract.Status {
 func (o *owned) spec(keep bool) (backend.Spec, error) {
 	rec := o.record()
 	var bundle contract.Bundle
+	var restore *backend.Restore
 	if !keep {
 		var err error
-		if bundle, err = o.bundle(rec); err != nil {
+		if bundle, restore, err = o.workspace(rec); err != nil {
 			return backend.Spec{}, err
 		}
 	}
@@ -348,7 +348,7 @@ func (o *owned) spec(keep bool) (backend.Spec, error) {
 		delete(env, "TELO_CACHE_DIR") // as the edge shapes session env
 	}
 	spec := backend.Spec{
-		SessionID: o.id, Mode: rec.Mode, Bundle: bundle, KeepWorkspace: keep, Env: env,
+		SessionID: o.id, Mode: rec.Mode, Bundle: bundle, Restore: restore, KeepWorkspace: keep, Env: env,
 		Config: rec.Launch.Config, Inspect: rec.Launch.Inspect, SelfContained: rec.Launch.SelfContained,
 	}
 	for _, a := range rec.Apps {
@@ -374,32 +374,38 @@ func (o *owned) operatorEnv(name string) (map[string]string, error) {
 	return maps.Clone(env), nil
 }
 
-func (o *owned) bundle(rec session.Record) (contract.Bundle, error) {
+// workspace is what the workload starts from: a watch session with a
+// checkpoint restores it (its manifest only: the backend streams the
+// blobs while seeding, each distinct one fetched once), otherwise the
+// session's bundle.
+func (o *owned) workspace(rec session.Record) (contract.Bundle, *backend.Restore, error) {
 	if rec.Mode == contract.ModeWatch && o.d.o.Checkpoints != nil {
+		t0 := time.Now()
 		m, ok, err := o.d.o.Checkpoints.Load(o.ctx, o.id)
 		if err != nil {
-			return contract.Bundle{}, fmt.Errorf("load checkpoint: %w", err)
+			return contract.Bundle{}, nil, fmt.Errorf("load checkpoint: %w", err)
 		}
 		if ok {
 			entry := "telo.yaml"
 			if len(rec.Apps) > 0 {
 				entry = rec.Apps[0].Entry
 			}
-			b := contract.Bundle{EntryRelativePath: entry, Files: make([]contract.BundleFile, 0, len(m.Files))}
-			for f, err := range o.d.o.Checkpoints.Files(o.ctx, m) {
-				if err != nil {
-					return contract.Bundle{}, fmt.Errorf("restore checkpoint: %w", err)
-				}
-				b.Files = append(b.Files, contract.BundleFile{RelativePath: f.Path, Contents: base64.StdEncoding.EncodeToString(f.Content), Encoding: "base64"})
+			r := &backend.Restore{Files: make([]backend.RestoreFile, 0, len(m.Files)), Fetch: o.d.o.Checkpoints.Blob}
+			var size int64
+			for _, p := range slices.Sorted(maps.Keys(m.Files)) {
+				e := m.Files[p]
+				r.Files = append(r.Files, backend.RestoreFile{Path: p, Hash: e.Hash, Size: e.Size, Mode: e.Mode})
+				size += e.Size
 			}
-			return b, nil
+			o.log.Info("checkpoint manifest loaded", "checkpoint", m.ID, "files", len(m.Files), "bytes", size, "took", time.Since(t0))
+			return contract.Bundle{EntryRelativePath: entry}, r, nil
 		}
 	}
 	b, err := o.store.GetBundle(o.ctx, o.id)
 	if err != nil {
-		return b, fmt.Errorf("get bundle: %w", err)
+		return b, nil, fmt.Errorf("get bundle: %w", err)
 	}
-	return b, nil
+	return b, nil, nil
 }
 
 // runOnce starts one workload and waits for it to end. It returns the

@@ -45,6 +45,13 @@ type Write struct {
 	Path     string `json:"path"`
 	Content  string `json:"content"`
 	Encoding string `json:"encoding"`
+	// Mode is the file's permission bits (0: the server's default).
+	//
+	// SEAM(i15m): the workspace server's optional per-write mode is being
+	// added by another change; until it is there a server ignores this
+	// field (its decoder skips unknown fields). Sent as "mode", a JSON
+	// number of permission bits.
+	Mode uint32 `json:"mode,omitempty"`
 }
 
 // ChangeSet is the body of POST /workspace.
@@ -64,16 +71,25 @@ func (c WorkspaceClient) Ping(ctx context.Context) error {
 // Apply posts one change set and checks every write and delete was
 // applied.
 func (c WorkspaceClient) Apply(ctx context.Context, cs ChangeSet) error {
+	data, err := json.Marshal(cs)
+	if err != nil {
+		return fmt.Errorf("POST /workspace: encode body: %w", err)
+	}
+	return c.apply(ctx, data, len(cs.Write), len(cs.Delete))
+}
+
+// apply posts an encoded change set of writes writes and deletes deletes.
+func (c WorkspaceClient) apply(ctx context.Context, body []byte, writes, deletes int) error {
 	var res struct {
 		Written int `json:"written"`
 		Deleted int `json:"deleted"`
 	}
-	if err := c.do(ctx, http.MethodPost, "/workspace", cs, &res); err != nil {
+	if err := c.doJSON(ctx, http.MethodPost, "/workspace", body, &res); err != nil {
 		return err
 	}
-	if res.Written != len(cs.Write) || res.Deleted != len(cs.Delete) {
+	if res.Written != writes || res.Deleted != deletes {
 		return fmt.Errorf("POST /workspace: applied %d writes and %d deletes, want %d and %d",
-			res.Written, res.Deleted, len(cs.Write), len(cs.Delete))
+			res.Written, res.Deleted, writes, deletes)
 	}
 	return nil
 }
@@ -82,21 +98,29 @@ func (c WorkspaceClient) Apply(ctx context.Context, cs ChangeSet) error {
 // answer into out. Any other answer is an error quoting method, path,
 // status and the start of the body.
 func (c WorkspaceClient) do(ctx context.Context, method, path string, in, out any) error {
+	var data []byte
+	if in != nil {
+		var err error
+		if data, err = json.Marshal(in); err != nil {
+			return fmt.Errorf("%s %s: encode body: %w", method, path, err)
+		}
+	}
+	return c.doJSON(ctx, method, path, data, out)
+}
+
+// doJSON is do with the body already encoded (nil: none).
+func (c WorkspaceClient) doJSON(ctx context.Context, method, path string, data []byte, out any) error {
 	ctx, cancel := context.WithTimeout(ctx, WorkspaceRequestTimeout)
 	defer cancel()
 	var body io.Reader
-	if in != nil {
-		data, err := json.Marshal(in)
-		if err != nil {
-			return fmt.Errorf("%s %s: encode body: %w", method, path, err)
-		}
+	if data != nil {
 		body = bytes.NewReader(data)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, c.Base+path, body)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
-	if in != nil {
+	if data != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	client := c.HTTP

@@ -57,7 +57,7 @@ func (b *Backend) startWatch(ctx context.Context, spec backend.Spec, sink backen
 	if err != nil {
 		return nil, &backend.StartError{Stage: "create", Message: err.Error()}
 	}
-	seed, err := kernelwire.SeedChanges(spec.Bundle.Files)
+	seed, err := kernelwire.SpecSeed(spec)
 	if err != nil {
 		return nil, &backend.StartError{Stage: "create", Message: err.Error()}
 	}
@@ -84,9 +84,21 @@ func (b *Backend) startWatch(ctx context.Context, spec backend.Spec, sink backen
 	}
 	sink.WorkspaceReady(wsc.Base)
 	sink.Progress(contract.PhaseBoot, "Starting workspace", true, "")
-	if err := wsc.Apply(ctx, seed); err != nil {
+	apps, err := podspec.WatchApps(spec)
+	if err != nil {
+		return nil, fail(err.Error())
+	}
+	last := make([]string, 0, len(apps))
+	for _, a := range apps {
+		last = append(last, a.Entry) // written last: each app container waits for its entry (10.1)
+	}
+	st, err := wsc.Seed(ctx, seed, kernelwire.SeedOptions{Last: last})
+	if err != nil {
 		return nil, fail("seed workspace: " + err.Error())
 	}
+	b.log.Info("workspace seeded", "session", spec.SessionID, "files", st.Files, "written", st.Written, "unchanged", st.Unchanged,
+		"fetched", st.Fetched, "fetchedBytes", st.FetchedBytes, "fromWorkspace", st.FromWorkspace,
+		"bytes", st.Bytes, "changeSets", st.ChangeSets, "fetch", st.Fetch, "post", st.Post, "took", st.Took)
 
 	w, err := b.newWatchWorkload(spec, running, sink)
 	if err != nil {

@@ -78,7 +78,7 @@ const (
 // watchPlan is a checked watch spec: what Start will run.
 type watchPlan struct {
 	apps  []backend.App // entries normalized
-	seed  kernelwire.ChangeSet
+	seed  kernelwire.Seed
 	agent []string // argv of the agent; nil when none
 }
 
@@ -88,8 +88,10 @@ type watchPlan struct {
 //  1. the session directory with workspace/ and home/;
 //  2. the workspace server, polled until GET /workspace answers, then
 //     sink.WorkspaceReady;
-//  3. one change set seeding the bundle and the workspace marker (9.5),
-//     unless spec.KeepWorkspace serves the workspace a lost workload left;
+//  3. the seed (9.5): the bundle, or spec.Restore's checkpoint streamed
+//     in bounded change sets (kernelwire.Seed), the apps' entries and
+//     then the workspace marker last — unless spec.KeepWorkspace serves
+//     the workspace a lost workload left;
 //  4. one kernel per app, each waiting for its entry file;
 //  5. the agent, when the spec has one;
 //  6. sink.Running with every app's declared ports, then the debug relays
@@ -133,9 +135,11 @@ func (b *Backend) startWatch(ctx context.Context, spec backend.Spec, sink backen
 	sink.WorkspaceReady(w.wsc.Base)
 	sink.Progress(contract.PhaseBoot, "Starting workspace", true, "")
 	if kept == "" {
-		if err := w.wsc.Apply(ctx, plan.seed); err != nil {
+		st, err := w.wsc.Seed(ctx, plan.seed, kernelwire.SeedOptions{Last: entries(plan.apps)})
+		if err != nil {
 			return nil, &backend.StartError{Stage: "start", Message: "seed workspace: " + err.Error()}
 		}
+		logSeed(w.log, st)
 	}
 
 	for i, app := range plan.apps {
@@ -205,7 +209,7 @@ func (b *Backend) planWatch(spec backend.Spec) (watchPlan, error) {
 		app.Entry = entry
 		plan.apps = append(plan.apps, app)
 	}
-	seed, err := kernelwire.SeedChanges(spec.Bundle.Files)
+	seed, err := kernelwire.SpecSeed(spec)
 	if err != nil {
 		return watchPlan{}, create("%v", err)
 	}
@@ -311,22 +315,28 @@ func (w *WatchWorkload) startWorkspace() error {
 	return nil
 }
 
-// wsReadyPoll is the pause between readiness probes of a workspace server
-// that does not answer yet.
-const wsReadyPoll = 100 * time.Millisecond
+// Readiness probes of a workspace server that does not answer yet start
+// wsFirstPoll apart and double up to wsReadyPoll: the server usually
+// answers within a few milliseconds of its start, and a resume waits for
+// it.
+const (
+	wsFirstPoll = 5 * time.Millisecond
+	wsReadyPoll = 100 * time.Millisecond
+)
 
-// awaitWorkspace polls GET /workspace every wsReadyPoll until it answers,
-// for at most the WorkspaceReady option.
+// awaitWorkspace polls GET /workspace until it answers, for at most the
+// WorkspaceReady option.
 func (w *WatchWorkload) awaitWorkspace(ctx context.Context) error {
 	ready, cancel := context.WithTimeout(ctx, w.b.opts.WorkspaceReady)
 	defer cancel()
-	tick := time.NewTicker(wsReadyPoll)
+	tick := time.NewTimer(wsFirstPoll)
 	defer tick.Stop()
-	for {
+	for wait := wsFirstPoll; ; wait = min(2*wait, wsReadyPoll) {
 		err := w.wsc.Ping(ready)
 		if err == nil {
 			return nil
 		}
+		tick.Reset(wait)
 		select {
 		case <-ready.Done():
 			if ctx.Err() != nil {
@@ -598,6 +608,22 @@ func exitText(p *proc) string {
 		return fmt.Sprintf("exited: killed by signal %d (exit code %d)", p.code-128, p.code)
 	}
 	return fmt.Sprintf("exited: exit code %d", p.code)
+}
+
+// entries are the apps' entry paths.
+func entries(apps []backend.App) []string {
+	out := make([]string, len(apps))
+	for i, a := range apps {
+		out[i] = a.Entry
+	}
+	return out
+}
+
+// logSeed logs what a seed did (its timing breakdown included).
+func logSeed(log *slog.Logger, st kernelwire.SeedStats) {
+	log.Info("workspace seeded", "files", st.Files, "written", st.Written, "unchanged", st.Unchanged,
+		"fetched", st.Fetched, "fetchedBytes", st.FetchedBytes, "fromWorkspace", st.FromWorkspace,
+		"bytes", st.Bytes, "changeSets", st.ChangeSets, "fetch", st.Fetch, "post", st.Post, "took", st.Took)
 }
 
 // regularFile reports whether path names a regular file (following links).

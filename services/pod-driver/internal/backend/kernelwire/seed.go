@@ -1,0 +1,559 @@
+package kernelwire
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/services/pod-driver/internal/backend"
+)
+
+// Seeding bounds (contract 9.5 seeds one workspace; these split it).
+const (
+	// MaxRequestBytes is the workspace server's request body limit
+	// (wsserver.MaxBodyBytes): no change set is larger. One file whose
+	// base64 content alone is larger cannot be seeded.
+	MaxRequestBytes = 64 << 20
+	// DefaultChunkBytes bounds the encoded content of one seeding change
+	// set (a single larger file travels alone).
+	DefaultChunkBytes = 4 << 20
+	// DefaultInFlight is how many change sets are posted at once.
+	DefaultInFlight = 3
+	// DefaultFetches is how many blobs are fetched at once.
+	DefaultFetches = 4
+	// writeOverhead approximates the JSON around one write's content.
+	writeOverhead = 96
+)
+
+// Seed is what seeds a fresh workspace: bundle files carried inline, or a
+// checkpoint's files named by content hash and fetched while seeding.
+// Build one with BundleSeed or RestoreSeed.
+type Seed struct {
+	items []seedItem
+	fetch func(ctx context.Context, hash string) ([]byte, error)
+}
+
+// seedItem is one file of a Seed: inline (a bundle file) or by hash.
+type seedItem struct {
+	path   string
+	mode   uint32
+	hash   string
+	inline *Write
+}
+
+// BundleSeed is the seed of a bundle (create): SeedChanges' writes, the
+// marker included, checked the same way.
+func BundleSeed(files []contract.BundleFile) (Seed, error) {
+	cs, err := SeedChanges(files)
+	if err != nil {
+		return Seed{}, err
+	}
+	s := Seed{items: make([]seedItem, len(cs.Write))}
+	for i := range cs.Write {
+		s.items[i] = seedItem{path: cs.Write[i].Path, inline: &cs.Write[i]}
+	}
+	return s, nil
+}
+
+// RestoreSeed is the seed of a checkpoint (resume, app-set change): every
+// file by hash, then the marker unless the checkpoint has one. It fails on
+// a path that does not normalize, a path listed twice or a hash that is
+// not 64 hex digits, before anything is written.
+func RestoreSeed(r backend.Restore) (Seed, error) {
+	if r.Fetch == nil {
+		return Seed{}, errors.New("restore: no blob source")
+	}
+	s := Seed{items: make([]seedItem, 0, len(r.Files)+1), fetch: r.Fetch}
+	seen := make(map[string]bool, len(r.Files))
+	for _, f := range r.Files {
+		rel, err := contract.NormalizePath(f.Path)
+		if err != nil {
+			return Seed{}, fmt.Errorf("restore %q: %w", f.Path, err)
+		}
+		if seen[rel] {
+			return Seed{}, fmt.Errorf("restore: %s listed twice", rel)
+		}
+		seen[rel] = true
+		h := strings.ToLower(f.Hash)
+		if !isHash(h) {
+			return Seed{}, fmt.Errorf("restore %s: hash %q is not 64 hex digits", rel, f.Hash)
+		}
+		s.items = append(s.items, seedItem{path: rel, mode: f.Mode, hash: h})
+	}
+	if !seen[MarkerPath] {
+		s.items = append(s.items, seedItem{path: MarkerPath, inline: &Write{Path: MarkerPath, Content: MarkerContent, Encoding: "utf8"}})
+	}
+	return s, nil
+}
+
+// SpecSeed is the seed of a watch spec: its Restore when set, else its
+// bundle.
+func SpecSeed(spec backend.Spec) (Seed, error) {
+	if spec.Restore != nil {
+		return RestoreSeed(*spec.Restore)
+	}
+	return BundleSeed(spec.Bundle.Files)
+}
+
+// SeedOptions tune Seed; zero fields take the defaults above.
+type SeedOptions struct {
+	ChunkBytes int // encoded content per change set
+	InFlight   int // change sets posted at once
+	Fetches    int // blobs fetched at once
+	// Last are paths written after every other file (the apps' entries),
+	// so a kernel waiting for its entry (10.1) starts on a complete
+	// workspace. The marker is always written last of all: a workspace
+	// that has it was seeded completely (the local backend's recovery
+	// relies on that).
+	Last []string
+}
+
+// SeedStats is what one Seed did.
+type SeedStats struct {
+	Files         int           // paths in the seed, the marker included
+	Written       int           // paths written
+	Unchanged     int           // paths that already held their content
+	Fetched       int           // distinct blobs fetched from the seed's source
+	FetchedBytes  int64         // their bytes
+	FromWorkspace int           // distinct blobs read back from the workspace, which held them
+	Bytes         int64         // content bytes written
+	ChangeSets    int           // change sets posted
+	Fetch         time.Duration // time spent in fetches, summed (they overlap)
+	Post          time.Duration // time spent posting change sets, summed (they overlap)
+	Took          time.Duration // the whole seed
+}
+
+// blobGroup is one distinct content of a seed and every path it goes to.
+type blobGroup struct {
+	hash    string
+	paths   []seedItem
+	present bool // the workspace already holds this content somewhere
+}
+
+// seedWrite is one write of a seed: w as is, or, with raw set, w's
+// content is raw in base64, encoded only into the request body.
+type seedWrite struct {
+	w   Write
+	raw []byte
+}
+
+// encodedLen is the length of the write's content on the wire.
+func (s seedWrite) encodedLen() int {
+	if s.raw != nil {
+		return base64.StdEncoding.EncodedLen(len(s.raw))
+	}
+	return len(s.w.Content)
+}
+
+// decodedLen is the byte length of the write's content once written.
+func (s seedWrite) decodedLen() int {
+	switch {
+	case s.raw != nil:
+		return len(s.raw)
+	case s.w.Encoding == "base64":
+		n, _ := base64.StdEncoding.Decode(make([]byte, base64.StdEncoding.DecodedLen(len(s.w.Content))), []byte(s.w.Content))
+		return n
+	}
+	return len(s.w.Content)
+}
+
+// encodeChangeSet is the body of POST /workspace writing ws: raw contents
+// go straight into it as base64, with no intermediate string.
+func encodeChangeSet(ws []seedWrite) ([]byte, error) {
+	size := 16
+	for _, w := range ws {
+		size += w.encodedLen() + len(w.w.Path) + writeOverhead
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, size))
+	buf.WriteString(`{"write":[`)
+	for i, w := range ws {
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		if w.raw == nil {
+			b, err := json.Marshal(w.w)
+			if err != nil {
+				return nil, err
+			}
+			buf.Write(b)
+			continue
+		}
+		path, err := json.Marshal(w.w.Path)
+		if err != nil {
+			return nil, err
+		}
+		buf.WriteString(`{"path":`)
+		buf.Write(path)
+		buf.WriteString(`,"content":"`)
+		n := buf.Len()
+		buf.Write(make([]byte, base64.StdEncoding.EncodedLen(len(w.raw))))
+		base64.StdEncoding.Encode(buf.Bytes()[n:], w.raw)
+		buf.WriteString(`","encoding":"base64"`)
+		if w.w.Mode != 0 {
+			buf.WriteString(`,"mode":` + strconv.FormatUint(uint64(w.w.Mode), 10))
+		}
+		buf.WriteByte('}')
+	}
+	buf.WriteString(`]}`)
+	return buf.Bytes(), nil
+}
+
+type fetchedBlob struct {
+	g    *blobGroup
+	data []byte
+}
+
+// Seed writes s into the workspace in change sets of at most
+// opts.ChunkBytes of encoded content (a larger file alone), opts.InFlight
+// at once, while opts.Fetches blobs are fetched: memory holds a bounded
+// number of blobs and change sets, never the workspace. Each distinct
+// hash is fetched once, whatever the number of paths holding it; a path
+// that already holds its content is left alone, and content the workspace
+// already holds at another path is read back from it (GET
+// /workspace/blob/{hash}) rather than fetched. Files of opts.Last, then
+// the marker, are written after everything else. The first failure stops
+// the seed; what was written stays.
+func (c WorkspaceClient) Seed(ctx context.Context, s Seed, opts SeedOptions) (SeedStats, error) {
+	start := time.Now()
+	opts = opts.withDefaults()
+	st := SeedStats{Files: len(s.items)}
+	present, err := c.Tree(ctx)
+	if err != nil {
+		return st, fmt.Errorf("seed: %w", err)
+	}
+	atPath := make(map[string]string, len(present))
+	held := make(map[string]bool, len(present))
+	for _, f := range present {
+		atPath[f.Path], held[f.Hash] = f.Hash, true
+	}
+	last := make(map[string]bool, len(opts.Last)+1)
+	for _, p := range opts.Last {
+		if rel, err := contract.NormalizePath(p); err == nil {
+			last[rel] = true
+		}
+	}
+	last[MarkerPath] = true
+
+	var inline []seedWrite
+	var groups []*blobGroup
+	byHash := map[string]*blobGroup{}
+	var final []seedWrite // writes of last paths, posted at the end
+	for _, it := range s.items {
+		switch {
+		case it.inline != nil && last[it.path]:
+			final = append(final, seedWrite{w: *it.inline})
+		case it.inline != nil:
+			inline = append(inline, seedWrite{w: *it.inline})
+		case atPath[it.path] == it.hash:
+			st.Unchanged++
+		default:
+			g := byHash[it.hash]
+			if g == nil {
+				g = &blobGroup{hash: it.hash, present: held[it.hash]}
+				byHash[it.hash] = g
+				groups = append(groups, g)
+			}
+			g.paths = append(g.paths, it)
+		}
+	}
+	if len(groups) > 0 && s.fetch == nil {
+		return st, errors.New("seed: files by hash and no blob source")
+	}
+
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var fetchNS, postNS atomic.Int64
+	var fetched, fetchedBytes, fromWS, written, sets, bytesW atomic.Int64
+
+	post := func(cs []seedWrite) error {
+		t0 := time.Now()
+		body, err := encodeChangeSet(cs)
+		if err == nil {
+			err = c.apply(ctx, body, len(cs), 0)
+		}
+		postNS.Add(int64(time.Since(t0)))
+		if err != nil {
+			return err
+		}
+		sets.Add(1)
+		written.Add(int64(len(cs)))
+		for _, w := range cs {
+			bytesW.Add(int64(w.decodedLen()))
+		}
+		return nil
+	}
+
+	// Posters.
+	setCh := make(chan []seedWrite)
+	var posters sync.WaitGroup
+	for range opts.InFlight {
+		posters.Go(func() {
+			for cs := range setCh {
+				if err := post(cs); err != nil {
+					cancel(err)
+					for range setCh { // drain: the packer stops at the cancel
+					}
+					return
+				}
+			}
+		})
+	}
+
+	// Fetchers.
+	jobs := make(chan *blobGroup)
+	blobs := make(chan fetchedBlob)
+	var fetchers sync.WaitGroup
+	for range min(opts.Fetches, max(len(groups), 1)) {
+		fetchers.Go(func() {
+			for g := range jobs {
+				t0 := time.Now()
+				var data []byte
+				var err error
+				if g.present {
+					data, err = c.Blob(ctx, g.hash)
+					fromWS.Add(1)
+				} else {
+					data, err = s.fetch(ctx, g.hash)
+					fetched.Add(1)
+					fetchedBytes.Add(int64(len(data)))
+				}
+				fetchNS.Add(int64(time.Since(t0)))
+				if err != nil {
+					cancel(fmt.Errorf("fetch %s (%s): %w", g.hash, g.paths[0].path, err))
+					return
+				}
+				select {
+				case blobs <- fetchedBlob{g, data}:
+				case <-ctx.Done():
+					return
+				}
+			}
+		})
+	}
+	go func() {
+		defer close(jobs)
+		for _, g := range groups {
+			select {
+			case jobs <- g:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	go func() {
+		fetchers.Wait()
+		close(blobs)
+	}()
+
+	// Packer: this goroutine.
+	p := packer{chunk: opts.ChunkBytes, out: func(cs []seedWrite) bool {
+		select {
+		case setCh <- cs:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}}
+	for _, w := range inline {
+		if err := p.add(w); err != nil {
+			cancel(err)
+			break
+		}
+	}
+	for fb := range blobs {
+		if ctx.Err() != nil {
+			continue // drain: the fetchers stop at the cancel
+		}
+		for _, it := range fb.g.paths {
+			w := seedWrite{w: Write{Path: it.path, Encoding: "base64", Mode: it.mode}, raw: fb.data}
+			if last[it.path] {
+				final = append(final, w)
+				continue
+			}
+			if err := p.add(w); err != nil {
+				cancel(err)
+				break
+			}
+		}
+	}
+	if ctx.Err() == nil {
+		if err := p.flush(); err != nil {
+			cancel(err)
+		}
+	}
+	close(setCh)
+	posters.Wait()
+	st.Fetched, st.FetchedBytes, st.FromWorkspace = int(fetched.Load()), fetchedBytes.Load(), int(fromWS.Load())
+	collect := func() {
+		st.Written, st.ChangeSets, st.Bytes = int(written.Load()), int(sets.Load()), bytesW.Load()
+		st.Fetch, st.Post, st.Took = time.Duration(fetchNS.Load()), time.Duration(postNS.Load()), time.Since(start)
+	}
+	if err := context.Cause(ctx); err != nil {
+		collect()
+		return st, fmt.Errorf("seed: %w", err)
+	}
+
+	// The last paths, in order, the marker at the very end.
+	slices.SortStableFunc(final, func(a, b seedWrite) int {
+		switch {
+		case a.w.Path == MarkerPath && b.w.Path != MarkerPath:
+			return 1
+		case b.w.Path == MarkerPath && a.w.Path != MarkerPath:
+			return -1
+		}
+		return strings.Compare(a.w.Path, b.w.Path)
+	})
+	fp := packer{chunk: opts.ChunkBytes, out: func(cs []seedWrite) bool {
+		if err := post(cs); err != nil {
+			cancel(err)
+			return false
+		}
+		return true
+	}}
+	for _, w := range final {
+		if err := fp.add(w); err != nil {
+			cancel(err)
+			break
+		}
+	}
+	if ctx.Err() == nil {
+		if err := fp.flush(); err != nil {
+			cancel(err)
+		}
+	}
+	collect()
+	if err := context.Cause(ctx); err != nil {
+		return st, fmt.Errorf("seed: %w", err)
+	}
+	return st, nil
+}
+
+func (o SeedOptions) withDefaults() SeedOptions {
+	if o.ChunkBytes <= 0 {
+		o.ChunkBytes = DefaultChunkBytes
+	}
+	o.ChunkBytes = min(o.ChunkBytes, MaxRequestBytes/2)
+	if o.InFlight <= 0 {
+		o.InFlight = DefaultInFlight
+	}
+	if o.Fetches <= 0 {
+		o.Fetches = DefaultFetches
+	}
+	return o
+}
+
+// errStopped is a packer's output refusing a change set (the seed was
+// cancelled; the cause is the context's).
+var errStopped = errors.New("seed stopped")
+
+// packer groups writes into change sets of at most chunk encoded bytes (a
+// larger write alone) and hands each full one to out.
+type packer struct {
+	chunk int
+	cur   []seedWrite
+	size  int
+	out   func([]seedWrite) bool
+}
+
+func (p *packer) add(w seedWrite) error {
+	n := w.encodedLen() + len(w.w.Path) + writeOverhead
+	if n > MaxRequestBytes-4096 {
+		return fmt.Errorf("file %s: %d bytes encoded, over the %d-byte limit of one workspace server request", w.w.Path, w.encodedLen(), MaxRequestBytes)
+	}
+	if len(p.cur) > 0 && p.size+n > p.chunk {
+		if err := p.flush(); err != nil {
+			return err
+		}
+	}
+	p.cur = append(p.cur, w)
+	p.size += n
+	return nil
+}
+
+func (p *packer) flush() error {
+	if len(p.cur) == 0 {
+		return nil
+	}
+	cs := p.cur
+	p.cur, p.size = nil, 0
+	if !p.out(cs) {
+		return errStopped
+	}
+	return nil
+}
+
+// TreeFile is one file of GET /workspace.
+type TreeFile struct {
+	Path string `json:"path"`
+	Hash string `json:"hash"`
+}
+
+// Tree lists the workspace's files with their hashes.
+func (c WorkspaceClient) Tree(ctx context.Context) ([]TreeFile, error) {
+	var tree struct {
+		Files []TreeFile `json:"files"`
+	}
+	if err := c.do(ctx, http.MethodGet, "/workspace", nil, &tree); err != nil {
+		return nil, err
+	}
+	return tree.Files, nil
+}
+
+// Blob reads the content of a workspace file whose hash is hash (GET
+// /workspace/blob/{hash}), checked against it.
+func (c WorkspaceClient) Blob(ctx context.Context, hash string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, WorkspaceRequestTimeout)
+	defer cancel()
+	path := "/workspace/blob/" + hash
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.Base+path, nil)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", path, err)
+	}
+	client := c.HTTP
+	if client == nil {
+		client = http.DefaultClient
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", path, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, wsErrorBody))
+		return nil, fmt.Errorf("GET %s: status %s: %s", path, resp.Status, snippet)
+	}
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", path, err)
+	}
+	if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != hash {
+		return nil, fmt.Errorf("GET %s: content does not match its hash", path)
+	}
+	return data, nil
+}
+
+func isHash(h string) bool {
+	if len(h) != 64 {
+		return false
+	}
+	for i := range len(h) {
+		if c := h[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
