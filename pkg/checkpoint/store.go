@@ -81,12 +81,14 @@ func (o Options) withDefaults() Options {
 
 // Store keeps checkpoints in runner_blobs and runner_checkpoints. It is
 // safe for concurrent use; its only state is a bounded in-memory cache of
-// tree nodes by hash (content-addressed, so never stale).
+// tree nodes by hash (content-addressed, so never stale) and a handle of
+// the object store's stream (for Blob).
 type Store struct {
-	blobs jetstream.ObjectStore
-	kv    jetstream.KeyValue
-	opts  Options
-	nodes *nodeCache
+	blobs  jetstream.ObjectStore
+	kv     jetstream.KeyValue
+	opts   Options
+	nodes  *nodeCache
+	direct *directBlobs // Blob's one-chunk path (blob.go)
 }
 
 // NewStore binds to the provisioned object store and bucket (bus.Provision).
@@ -102,7 +104,7 @@ func NewStore(ctx context.Context, js jetstream.JetStream, opts Options) (*Store
 	if err != nil {
 		return nil, fmt.Errorf("open bucket %s: %w", bus.BucketCheckpoints, err)
 	}
-	return &Store{blobs: blobs, kv: kv, opts: opts.withDefaults(), nodes: newNodeCache(nodeCacheBytes)}, nil
+	return &Store{blobs: blobs, kv: kv, opts: opts.withDefaults(), nodes: newNodeCache(nodeCacheBytes), direct: &directBlobs{js: js}}, nil
 }
 
 // ensureBlob makes sure the store holds the blob hash, fetching it from ws

@@ -33,8 +33,15 @@ const (
 	DefaultChunkBytes = 4 << 20
 	// DefaultInFlight is how many change sets are posted at once.
 	DefaultInFlight = 3
-	// DefaultFetches is how many blobs are fetched at once.
-	DefaultFetches = 4
+	// DefaultFetches is how many blobs are fetched at once: fetching a
+	// small blob is mostly round trips, so many run in parallel...
+	DefaultFetches = 16
+	// DefaultFetchBytes is how many bytes of fetched blobs (by their
+	// manifest size) may wait for a change set at once: ...while their
+	// bytes stay bounded (a larger blob is fetched alone).
+	DefaultFetchBytes = 16 << 20
+	// budgetUnit is the granularity of the fetch byte budget.
+	budgetUnit = 64 << 10
 	// writeOverhead approximates the JSON around one write's content.
 	writeOverhead = 96
 )
@@ -52,6 +59,7 @@ type seedItem struct {
 	path   string
 	mode   uint32
 	hash   string
+	size   int64
 	inline *Write
 }
 
@@ -92,7 +100,7 @@ func RestoreSeed(r backend.Restore) (Seed, error) {
 		if !isHash(h) {
 			return Seed{}, fmt.Errorf("restore %s: hash %q is not 64 hex digits", rel, f.Hash)
 		}
-		s.items = append(s.items, seedItem{path: rel, mode: f.Mode, hash: h})
+		s.items = append(s.items, seedItem{path: rel, mode: f.Mode, hash: h, size: f.Size})
 	}
 	if !seen[MarkerPath] {
 		s.items = append(s.items, seedItem{path: MarkerPath, inline: &Write{Path: MarkerPath, Content: MarkerContent, Encoding: "utf8"}})
@@ -114,6 +122,7 @@ type SeedOptions struct {
 	ChunkBytes int // encoded content per change set
 	InFlight   int // change sets posted at once
 	Fetches    int // blobs fetched at once
+	FetchBytes int // bytes of fetched blobs waiting to be packed, at most
 	// Last are paths written after every other file (the apps' entries),
 	// so a kernel waiting for its entry (10.1) starts on a complete
 	// workspace. The marker is always written last of all: a workspace
@@ -140,6 +149,7 @@ type SeedStats struct {
 // blobGroup is one distinct content of a seed and every path it goes to.
 type blobGroup struct {
 	hash    string
+	units   int // of the fetch budget this blob takes
 	paths   []seedItem
 	present bool // the workspace already holds this content somewhere
 }
@@ -263,7 +273,7 @@ func (c WorkspaceClient) Seed(ctx context.Context, s Seed, opts SeedOptions) (Se
 		default:
 			g := byHash[it.hash]
 			if g == nil {
-				g = &blobGroup{hash: it.hash, present: held[it.hash]}
+				g = &blobGroup{hash: it.hash, present: held[it.hash], units: units(it.size, opts.FetchBytes)}
 				byHash[it.hash] = g
 				groups = append(groups, g)
 			}
@@ -344,9 +354,20 @@ func (c WorkspaceClient) Seed(ctx context.Context, s Seed, opts SeedOptions) (Se
 			}
 		})
 	}
+	// The fetch budget: this one goroutine takes a blob's units before
+	// handing it to a fetcher, the packer gives them back once the blob's
+	// writes are packed.
+	budget := make(chan struct{}, units(int64(opts.FetchBytes), opts.FetchBytes))
 	go func() {
 		defer close(jobs)
 		for _, g := range groups {
+			for range g.units {
+				select {
+				case budget <- struct{}{}:
+				case <-ctx.Done():
+					return
+				}
+			}
 			select {
 			case jobs <- g:
 			case <-ctx.Done():
@@ -375,6 +396,9 @@ func (c WorkspaceClient) Seed(ctx context.Context, s Seed, opts SeedOptions) (Se
 		}
 	}
 	for fb := range blobs {
+		for range fb.g.units {
+			<-budget
+		}
 		if ctx.Err() != nil {
 			continue // drain: the fetchers stop at the cancel
 		}
@@ -453,7 +477,17 @@ func (o SeedOptions) withDefaults() SeedOptions {
 	if o.Fetches <= 0 {
 		o.Fetches = DefaultFetches
 	}
+	if o.FetchBytes <= 0 {
+		o.FetchBytes = DefaultFetchBytes
+	}
 	return o
+}
+
+// units is how much of a budget of limit bytes a blob of size bytes
+// takes: at least one unit, at most the whole budget.
+func units(size int64, limit int) int {
+	total := max(1, limit/budgetUnit)
+	return int(min(max(1, (size+budgetUnit-1)/budgetUnit), int64(total)))
 }
 
 // errStopped is a packer's output refusing a change set (the seed was
