@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -83,6 +84,7 @@ type spy struct {
 	posts    []posted
 	inFlight atomic.Int64
 	peak     atomic.Int64
+	written  atomic.Int64 // content bytes of change sets answered
 }
 
 func (s *spy) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -99,14 +101,20 @@ func (s *spy) RoundTrip(r *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	p := posted{size: len(body), start: time.Now()}
+	var content int64
 	for _, w := range cs.Write {
 		p.paths = append(p.paths, w.Path)
+		content += int64(len(w.Content))
+		if w.Encoding == "base64" {
+			content = content - int64(len(w.Content)) + int64(base64.StdEncoding.DecodedLen(len(w.Content)))
+		}
 	}
 	n := s.inFlight.Add(1)
 	for old := s.peak.Load(); n > old && !s.peak.CompareAndSwap(old, n); old = s.peak.Load() {
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	resp, err := s.next.RoundTrip(r)
+	s.written.Add(content)
 	s.inFlight.Add(-1)
 	p.finish = time.Now()
 	s.mu.Lock()
@@ -323,6 +331,47 @@ func TestSeedFetchesEachHashOnce(t *testing.T) {
 	}
 	if !bytes.Equal(got["new/kept.txt"], kept) || !bytes.Equal(got["same.txt"], same) || string(got[MarkerPath]) != MarkerContent {
 		t.Fatalf("tree %v", keys(got))
+	}
+}
+
+// TestSeedMemoryBounded: 32 MiB of 512 KiB blobs, the store answering at
+// once, a 2 MiB fetch budget, 1 MiB change sets, two in flight: the bytes
+// fetched and not yet written never exceed the budget plus the change
+// sets being packed and posted, whatever the workspace's size.
+func TestSeedMemoryBounded(t *testing.T) {
+	ws := startWorkspace(t)
+	rnd := rand.New(rand.NewPCG(1, 5))
+	src := newBlobs()
+	var files []backend.RestoreFile
+	const n, size = 64, 512 << 10
+	for i := range n {
+		data := randomBytes(rnd, size)
+		files = append(files, backend.RestoreFile{Path: fmt.Sprintf("m/%02d.bin", i), Hash: src.put(data), Size: size})
+	}
+	var fetchedBytes, peak atomic.Int64
+	fetch := func(ctx context.Context, hash string) ([]byte, error) {
+		data, err := src.fetch(ctx, hash)
+		held := fetchedBytes.Add(int64(len(data))) - ws.spy.written.Load()
+		for old := peak.Load(); held > old && !peak.CompareAndSwap(old, held); old = peak.Load() {
+		}
+		return data, err
+	}
+	seed, err := RestoreSeed(backend.Restore{Files: files, Fetch: fetch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const budget, chunk, inFlight = 2 << 20, 1 << 20, 2
+	if _, err := ws.c.Seed(t.Context(), seed, SeedOptions{FetchBytes: budget, ChunkBytes: chunk, InFlight: inFlight, Fetches: 16}); err != nil {
+		t.Fatalf("Seed() = %v", err)
+	}
+	// Packed and in flight: inFlight change sets posted, one handed over,
+	// one being packed, each at most a chunk of base64 (3/4 of it raw).
+	bound := int64(budget + (inFlight+2)*chunk*3/4 + size)
+	if p := peak.Load(); p > bound {
+		t.Fatalf("%d bytes fetched and not written at the peak, over the %d-byte bound", p, bound)
+	}
+	if got := len(ws.tree(t)); got != n+1 {
+		t.Fatalf("tree has %d files, want %d", got, n+1)
 	}
 }
 
