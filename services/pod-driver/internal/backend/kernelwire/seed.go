@@ -136,6 +136,7 @@ type SeedStats struct {
 	Files         int           // paths in the seed, the marker included
 	Written       int           // paths written
 	Unchanged     int           // paths that already held their content
+	Deleted       int           // paths the workspace held and the seed lacks (and its old marker)
 	Fetched       int           // distinct blobs fetched from the seed's source
 	FetchedBytes  int64         // their bytes
 	FromWorkspace int           // distinct blobs read back from the workspace, which held them
@@ -231,12 +232,14 @@ type fetchedBlob struct {
 // opts.ChunkBytes of encoded content (a larger file alone), opts.InFlight
 // at once, while opts.Fetches blobs are fetched: memory holds a bounded
 // number of blobs and change sets, never the workspace. Each distinct
-// hash is fetched once, whatever the number of paths holding it; a path
-// that already holds its content is left alone, and content the workspace
-// already holds at another path is read back from it (GET
-// /workspace/blob/{hash}) rather than fetched. Files of opts.Last, then
-// the marker, are written after everything else. The first failure stops
-// the seed; what was written stays.
+// hash is fetched once, whatever the number of paths holding it. A
+// workspace that is not empty ends up equal to the seed: what the seed
+// lacks is deleted first (with the workspace's marker), a path that
+// already holds its content is left alone, and content such a path holds
+// is read back from the workspace (GET /workspace/blob/{hash}) rather than
+// fetched for the other paths that want it. Files of opts.Last, then the
+// marker, are written after everything else. The first failure stops the
+// seed; what was written stays (with no marker).
 func (c WorkspaceClient) Seed(ctx context.Context, s Seed, opts SeedOptions) (SeedStats, error) {
 	start := time.Now()
 	opts = opts.withDefaults()
@@ -246,10 +249,27 @@ func (c WorkspaceClient) Seed(ctx context.Context, s Seed, opts SeedOptions) (Se
 		return st, fmt.Errorf("seed: %w", err)
 	}
 	atPath := make(map[string]string, len(present))
-	held := make(map[string]bool, len(present))
 	for _, f := range present {
-		atPath[f.Path], held[f.Hash] = f.Hash, true
+		atPath[f.Path] = f.Hash
 	}
+	inSeed := make(map[string]bool, len(s.items))
+	for _, it := range s.items {
+		inSeed[it.path] = true
+	}
+	// A workspace that is not empty (a directory reused on this machine)
+	// loses what the seed lacks, and its marker, first: should the seed
+	// stop half way, no marker says it is complete.
+	var deletes []string
+	for _, f := range present {
+		if !inSeed[f.Path] || f.Path == MarkerPath {
+			deletes = append(deletes, f.Path)
+			delete(atPath, f.Path)
+		}
+	}
+	if err := c.deleteAll(ctx, deletes, opts.ChunkBytes); err != nil {
+		return st, fmt.Errorf("seed: %w", err)
+	}
+	st.Deleted = len(deletes)
 	last := make(map[string]bool, len(opts.Last)+1)
 	for _, p := range opts.Last {
 		if rel, err := contract.NormalizePath(p); err == nil {
@@ -273,12 +293,24 @@ func (c WorkspaceClient) Seed(ctx context.Context, s Seed, opts SeedOptions) (Se
 		default:
 			g := byHash[it.hash]
 			if g == nil {
-				g = &blobGroup{hash: it.hash, present: held[it.hash], units: units(it.size, opts.FetchBytes)}
+				g = &blobGroup{hash: it.hash, units: units(it.size, opts.FetchBytes)}
 				byHash[it.hash] = g
 				groups = append(groups, g)
 			}
 			g.paths = append(g.paths, it)
 		}
+	}
+	// Content the workspace holds at a path the seed leaves alone can be
+	// read back from it (a path being rewritten might change under the
+	// read).
+	held := make(map[string]bool, st.Unchanged)
+	for _, it := range s.items {
+		if it.inline == nil && atPath[it.path] == it.hash {
+			held[it.hash] = true
+		}
+	}
+	for _, g := range groups {
+		g.present = held[g.hash]
 	}
 	if len(groups) > 0 && s.fetch == nil {
 		return st, errors.New("seed: files by hash and no blob source")
@@ -526,6 +558,22 @@ func (p *packer) flush() error {
 	p.cur, p.size = nil, 0
 	if !p.out(cs) {
 		return errStopped
+	}
+	return nil
+}
+
+// deleteAll deletes paths in change sets of about chunk bytes of paths.
+func (c WorkspaceClient) deleteAll(ctx context.Context, paths []string, chunk int) error {
+	for len(paths) > 0 {
+		n, size := 0, 0
+		for n < len(paths) && (n == 0 || size+len(paths[n])+4 <= chunk) {
+			size += len(paths[n]) + 4
+			n++
+		}
+		if err := c.Apply(ctx, ChangeSet{Write: []Write{}, Delete: paths[:n]}); err != nil {
+			return err
+		}
+		paths = paths[n:]
 	}
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -286,28 +287,36 @@ func TestSeedSplitsIntoBoundedChangeSets(t *testing.T) {
 	}
 }
 
-// TestSeedFetchesEachHashOnce: content at several paths is fetched once;
-// content the workspace already holds is read back from it, not fetched;
-// a path already holding its content is not written.
+// TestSeedFetchesEachHashOnce seeds into a workspace that is not empty
+// (a directory reused on this machine): content at several paths is
+// fetched once; a path already holding its content is not written, and
+// that content is read back from the workspace for another path rather
+// than fetched; a path with other content is rewritten; what the seed
+// lacks, and the old marker, are deleted (the marker is written anew,
+// last).
 func TestSeedFetchesEachHashOnce(t *testing.T) {
 	ws := startWorkspace(t)
 	src := newBlobs()
 	shared := bytes.Repeat([]byte("shared "), 50_000)
-	kept := []byte("already in the workspace\n")
 	same := []byte("already at its path\n")
-	// The workspace holds kept (at another path) and same (at its path).
+	changed := []byte("new content\n")
 	if err := ws.c.Apply(t.Context(), ChangeSet{Write: []Write{
-		{Path: "old/kept.txt", Content: string(kept), Encoding: "utf8"},
 		{Path: "same.txt", Content: string(same), Encoding: "utf8"},
+		{Path: "changed.txt", Content: "old content\n", Encoding: "utf8"},
+		{Path: "stale/extra.txt", Content: "not in the checkpoint\n", Encoding: "utf8"},
+		{Path: MarkerPath, Content: MarkerContent, Encoding: "utf8"},
 	}}); err != nil {
 		t.Fatal(err)
 	}
-	hs, hk, hm := src.put(shared), src.put(kept), src.put(same)
+	hs, hm, hc := src.put(shared), src.put(same), src.put(changed)
 	var files []backend.RestoreFile
 	for i := range 30 {
 		files = append(files, backend.RestoreFile{Path: fmt.Sprintf("copies/%02d/shared.txt", i), Hash: hs})
 	}
-	files = append(files, backend.RestoreFile{Path: "new/kept.txt", Hash: strings.ToUpper(hk)}, backend.RestoreFile{Path: "same.txt", Hash: hm})
+	files = append(files,
+		backend.RestoreFile{Path: "same.txt", Hash: hm},
+		backend.RestoreFile{Path: "copy/same.txt", Hash: strings.ToUpper(hm)},
+		backend.RestoreFile{Path: "changed.txt", Hash: hc})
 	seed, err := RestoreSeed(backend.Restore{Files: files, Fetch: src.fetch})
 	if err != nil {
 		t.Fatal(err)
@@ -316,21 +325,31 @@ func TestSeedFetchesEachHashOnce(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Seed() = %v", err)
 	}
-	t.Logf("stats %+v", st)
-	if src.fetches[hs] != 1 || src.fetches[hk] != 0 || src.fetches[hm] != 0 {
-		t.Fatalf("fetches %v: want shared once, kept and same never", src.fetches)
+	if src.fetches[hs] != 1 || src.fetches[hm] != 0 || src.fetches[hc] != 1 {
+		t.Fatalf("fetches %v: want shared and changed once, same never", src.fetches)
 	}
-	if st.Fetched != 1 || st.FromWorkspace != 1 || st.Unchanged != 1 || st.Written != 32 {
-		t.Fatalf("stats %+v: want 1 fetched, 1 from the workspace, 1 unchanged, 32 written", st)
+	if st.Fetched != 2 || st.FromWorkspace != 1 || st.Unchanged != 1 || st.Deleted != 2 || st.Written != 33 {
+		t.Fatalf("stats %+v: want 2 fetched, 1 from the workspace, 1 unchanged, 2 deleted, 33 written", st)
 	}
 	got := ws.tree(t)
+	if len(got) != 34 {
+		t.Fatalf("tree %v: want 34 files", keys(got))
+	}
 	for i := range 30 {
 		if p := fmt.Sprintf("copies/%02d/shared.txt", i); !bytes.Equal(got[p], shared) {
 			t.Fatalf("%s: %d bytes, want %d", p, len(got[p]), len(shared))
 		}
 	}
-	if !bytes.Equal(got["new/kept.txt"], kept) || !bytes.Equal(got["same.txt"], same) || string(got[MarkerPath]) != MarkerContent {
+	if !bytes.Equal(got["copy/same.txt"], same) || !bytes.Equal(got["same.txt"], same) || !bytes.Equal(got["changed.txt"], changed) || string(got[MarkerPath]) != MarkerContent {
 		t.Fatalf("tree %v", keys(got))
+	}
+	// The marker went first and came back last.
+	posts := ws.spy.posts
+	if first := posts[1]; !slices.Equal(first.paths, nil) { // posts[0] is the setup
+		t.Fatalf("first change set of the seed writes %v, want only deletes", first.paths)
+	}
+	if last := posts[len(posts)-1].paths; last[len(last)-1] != MarkerPath {
+		t.Fatalf("last write %v, want the marker", last)
 	}
 }
 

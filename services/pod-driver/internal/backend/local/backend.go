@@ -186,7 +186,7 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, sink backend.Sin
 		}
 	}()
 
-	if _, err := b.clearLeftover(spec.SessionID, false); err != nil {
+	if _, err := b.clearLeftover(spec.SessionID, false, false); err != nil {
 		return nil, &backend.StartError{Stage: "create", Message: err.Error()}
 	}
 	if w.dir, err = createSessionDir(b.root, spec.SessionID, appDirName); err != nil {

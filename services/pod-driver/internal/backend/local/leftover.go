@@ -47,9 +47,13 @@ func (b *Backend) WorkspaceIntact(id, lastDriver string) bool {
 // process groups recorded for the session (verified by start time) and
 // removes the session directory. With keep it first moves the intact
 // workspace aside and returns its path, for the new workload to serve
-// instead of seeding; keep with no intact workspace is an error. The
-// caller owns the session and this backend does not run it.
-func (b *Backend) clearLeftover(id string, keep bool) (kept string, err error) {
+// instead of seeding; keep with no intact workspace is an error. With
+// reuse (and not keep) a workspace directory left there, intact or not,
+// is moved aside the same way, for the new workload to seed on top of:
+// the seed makes it equal to what it restores and fetches none of the
+// content it already holds. The caller owns the session and this backend
+// does not run it.
+func (b *Backend) clearLeftover(id string, keep, reuse bool) (kept string, err error) {
 	if n := b.reapSession(id); n > 0 {
 		b.log.Info("ended the process groups of a lost workload", "session", id, "groups", n)
 	}
@@ -57,11 +61,11 @@ func (b *Backend) clearLeftover(id string, keep bool) (kept string, err error) {
 	if err := os.RemoveAll(b.keptPath(id)); err != nil {
 		return "", fmt.Errorf("clear kept workspace: %w", err)
 	}
-	if keep {
-		ws := filepath.Join(dir, workspaceDirName)
-		if !regularFile(filepath.Join(ws, kernelwire.MarkerPath)) {
-			return "", errors.New("keep workspace: no intact workspace directory on this machine")
-		}
+	ws := filepath.Join(dir, workspaceDirName)
+	if keep && !regularFile(filepath.Join(ws, kernelwire.MarkerPath)) {
+		return "", errors.New("keep workspace: no intact workspace directory on this machine")
+	}
+	if fi, err := os.Lstat(ws); (keep || reuse) && err == nil && fi.IsDir() {
 		kept = b.keptPath(id)
 		if err := os.MkdirAll(filepath.Dir(kept), 0o700); err != nil {
 			return "", fmt.Errorf("keep workspace: %w", err)

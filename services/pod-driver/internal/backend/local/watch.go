@@ -118,7 +118,9 @@ func (b *Backend) startWatch(ctx context.Context, spec backend.Spec, sink backen
 		}
 	}()
 
-	kept, err := b.clearLeftover(spec.SessionID, spec.KeepWorkspace)
+	// A restore seeds on top of a workspace directory a lost workload
+	// left here, reusing what it holds.
+	kept, err := b.clearLeftover(spec.SessionID, spec.KeepWorkspace, spec.Restore != nil)
 	if err != nil {
 		return nil, &backend.StartError{Stage: "create", Message: err.Error()}
 	}
@@ -134,7 +136,7 @@ func (b *Backend) startWatch(ctx context.Context, spec backend.Spec, sink backen
 	}
 	sink.WorkspaceReady(w.wsc.Base)
 	sink.Progress(contract.PhaseBoot, "Starting workspace", true, "")
-	if kept == "" {
+	if !spec.KeepWorkspace {
 		st, err := w.wsc.Seed(ctx, plan.seed, kernelwire.SeedOptions{Last: entries(plan.apps)})
 		if err != nil {
 			return nil, &backend.StartError{Stage: "start", Message: "seed workspace: " + err.Error()}
