@@ -41,6 +41,9 @@ const (
 // to the client reading the last `run started`).
 //
 //	cd bench && go test -run '^$' -bench BenchmarkResume -benchtime 10x .
+//
+// BENCH_DEBUG=1 also prints every message the runner logs, with its time,
+// to see where a slow resume spent its time.
 func BenchmarkResume(b *testing.B) {
 	logs := &captured{}
 	r := startRunnerLog(b, map[string]string{"RUNNER_WATCH_SESSIONS": "true", "RUNNER_BODY_LIMIT_BYTES": "33554432",
