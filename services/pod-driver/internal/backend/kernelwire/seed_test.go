@@ -418,6 +418,34 @@ func TestSeedFailureWritesNoMarker(t *testing.T) {
 	}
 }
 
+// TestSeedModes: a file's mode in the restore is its mode on disk; a file
+// with none gets the server's default.
+func TestSeedModes(t *testing.T) {
+	ws := startWorkspace(t)
+	src := newBlobs()
+	script, data := []byte("#!/bin/sh\necho hi\n"), []byte("plain\n")
+	seed, err := RestoreSeed(backend.Restore{Files: []backend.RestoreFile{
+		{Path: "bin/run.sh", Hash: src.put(script), Mode: 0o755},
+		{Path: "secret.txt", Hash: src.put(data), Mode: 0o600},
+		{Path: "plain.txt", Hash: src.put(append([]byte("x"), data...))},
+	}, Fetch: src.fetch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ws.c.Seed(t.Context(), seed, SeedOptions{}); err != nil {
+		t.Fatalf("Seed() = %v", err)
+	}
+	for p, want := range map[string]os.FileMode{"bin/run.sh": 0o755, "secret.txt": 0o600, "plain.txt": 0o644} {
+		fi, err := os.Stat(filepath.Join(ws.dir, filepath.FromSlash(p)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != want {
+			t.Errorf("%s: mode %v, want %v", p, fi.Mode().Perm(), want)
+		}
+	}
+}
+
 func TestRestoreSeedRefusesBadInput(t *testing.T) {
 	h := strings.Repeat("a", 64)
 	fetch := func(context.Context, string) ([]byte, error) { return nil, nil }

@@ -45,12 +45,9 @@ type Write struct {
 	Path     string `json:"path"`
 	Content  string `json:"content"`
 	Encoding string `json:"encoding"`
-	// Mode is the file's permission bits (0: the server's default).
-	//
-	// SEAM(i15m): the workspace server's optional per-write mode is being
-	// added by another change; until it is there a server ignores this
-	// field (its decoder skips unknown fields). Sent as "mode", a JSON
-	// number of permission bits.
+	// Mode is the file's permission bits, at most 0777 (0: none sent; a
+	// new file gets the server's default, a rewritten one keeps its
+	// mode): the workspace server's optional per-write "mode".
 	Mode uint32 `json:"mode,omitempty"`
 }
 
