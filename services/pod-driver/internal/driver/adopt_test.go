@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/session"
@@ -74,5 +76,42 @@ func TestAdoptRacingStartOfResumedSessionStartsIt(t *testing.T) {
 		if slices.Contains(kinds, contract.StatusFailed) {
 			t.Fatalf("%v: status events = %v, want ending running, never failed", order, kinds)
 		}
+	}
+}
+
+// A resume whose start command arrives while the previous owner still
+// holds the owner key (it recorded the suspend and has not released the
+// key yet) starts once the key is released, instead of being dropped as
+// "owned by another driver" and left to the supervisor's adoption.
+func TestStartWaitsForThePreviousOwnersKey(t *testing.T) {
+	e := newDriverEnv(t)
+	ctx := context.Background()
+	resumed := func(r *session.Record) { r.Apps[0].Generation, r.Apps[0].Trigger = 2, contract.TriggerResume }
+	id := e.watchSession(t, contract.Status{Kind: contract.StatusStarting}, resumed)
+	owners, err := e.js.KeyValue(ctx, bus.BucketOwners)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, err := owners.Create(ctx, id, []byte("previous-owner"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.command(t, bus.CmdStartSubject(id), id)
+	// The start is taken and tried while the key is held: the session is
+	// not started by anyone else meanwhile.
+	testkit.Eventually(t, 10*time.Second, func() bool {
+		c, err := e.js.Consumer(ctx, bus.StreamCmd, bus.ConsumerDrivers)
+		return err == nil && c.CachedInfo().Delivered.Consumer >= 2 // the only command, delivered again
+	}, "the start redelivered while the previous owner's key is held")
+	if st := e.status(t, id); st.Kind != contract.StatusStarting {
+		t.Fatalf("status while the key is held = %+v, want starting", st)
+	}
+	if err := owners.Delete(ctx, id, jetstream.LastRevision(rev)); err != nil {
+		t.Fatal(err)
+	}
+	e.waitStatus(t, id, contract.StatusRunning)
+	v, err := owners.Get(ctx, id)
+	if err != nil || string(v.Value()) != "driver-test" {
+		t.Fatalf("owner key after the start = %v, %v; want driver-test", v, err)
 	}
 }

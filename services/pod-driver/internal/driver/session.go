@@ -122,6 +122,17 @@ func (c command) retry() {
 	}
 }
 
+// retrySoon has the command delivered again after claimRetry.
+func (c command) retrySoon() {
+	if c.msg != nil {
+		_ = c.msg.NakWithDelay(claimRetry)
+	}
+}
+
+// claimRetry is how soon a start whose owner key is still held (the
+// previous owner releasing it) is tried again.
+const claimRetry = 200 * time.Millisecond
+
 // own reconciles one command for session id.
 func (d *Driver) own(ctx context.Context, c command) {
 	id := c.id
@@ -150,6 +161,19 @@ func (d *Driver) own(ctx context.Context, c command) {
 			return
 		}
 		if !ok {
+			if rec.Status.Kind == contract.StatusStarting && !c.adopt {
+				// A start was asked for (a resume) while the previous
+				// owner still holds the key: it recorded the suspend and
+				// is about to release it. Acked now, the start would be
+				// lost until the supervisor's adoption; asked again
+				// shortly, it is claimed once the key is gone. A driver
+				// that took this same start holds the key too: the
+				// command is then acked once the session is no longer
+				// starting.
+				log.Debug("owner key held while the session is starting; the start is retried")
+				c.retrySoon()
+				return
+			}
 			c.ack() // another driver owns it
 			return
 		}
