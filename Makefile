@@ -1,7 +1,7 @@
 # telorunner — `make help` lists the targets.
 SHELL := /bin/bash
 GO ?= go
-MODULES := pkg services/api-edge services/pod-driver services/supervisor services/workspace-proxy services/telorunner bench
+MODULES := pkg services/api-edge services/pod-driver services/supervisor services/workspace-proxy services/telorunner bench tools/devkernel tools/kubetest
 # Test tools with their own heavy dependencies, kept out of go.work.
 TOOL_MODULES := tools/standin-kubelet tools/chartcheck tools/images
 BIN := $(CURDIR)/bin
@@ -36,7 +36,8 @@ build: ## build every binary into ./bin
 	@mkdir -p $(BIN)
 	cd services/telorunner && $(GO) build -o $(BIN)/telorunner ./cmd/telorunner && $(GO) build -o $(BIN)/iotail ./cmd/iotail && $(GO) build -o $(BIN)/telorunner-events ./cmd/telorunner-events
 	cd services/api-edge && $(GO) build -o $(BIN)/api-edge ./cmd/api-edge
-	cd services/pod-driver && $(GO) build -o $(BIN)/pod-driver ./cmd/pod-driver && $(GO) build -o $(BIN)/devkernel ./cmd/devkernel
+	cd services/pod-driver && $(GO) build -o $(BIN)/pod-driver ./cmd/pod-driver
+	cd tools/devkernel && $(GO) build -o $(BIN)/devkernel ./cmd/devkernel
 	cd services/supervisor && $(GO) build -o $(BIN)/supervisor ./cmd/supervisor
 	cd services/workspace-proxy && $(GO) build -o $(BIN)/workspace-proxy ./cmd/workspace-proxy && $(GO) build -o $(BIN)/workspace-server ./cmd/workspace-server
 
@@ -51,7 +52,7 @@ run: build ## start the all-in-one (embedded NATS, local backend) on $PORT
 	PORT=$(PORT) $(BIN)/telorunner
 
 fmt-check: ## fail when gofmt would change a file
-	@out=$$(gofmt -l $(MODULES) $(CHAOS_MODULE) e2e bench 2>/dev/null); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	@out=$$(gofmt -l $(MODULES) $(TOOL_MODULES) $(CHAOS_MODULE) 2>/dev/null); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
 vet: ## go vet every module, in the workspace and with GOWORK=off
 	@for m in $(MODULES); do echo "== vet $$m"; (cd $$m && $(GO) vet ./... && GOWORK=off $(GO) vet ./...) || exit 1; done

@@ -18,8 +18,8 @@ import (
 
 	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/testkit"
-	"github.com/telorunner/telorunner/services/pod-driver/kubetest"
 	"github.com/telorunner/telorunner/services/telorunner/allinone"
+	"github.com/telorunner/telorunner/tools/kubetest"
 )
 
 // Failover timing: what the figure is bounded by.

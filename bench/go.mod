@@ -3,8 +3,8 @@ module github.com/telorunner/telorunner/bench
 go 1.26.0
 
 tool (
-	github.com/telorunner/telorunner/services/pod-driver/cmd/devkernel
 	github.com/telorunner/telorunner/services/workspace-proxy/cmd/workspace-server
+	github.com/telorunner/telorunner/tools/devkernel/cmd/devkernel
 )
 
 replace (
@@ -14,14 +14,16 @@ replace (
 	github.com/telorunner/telorunner/services/supervisor => ../services/supervisor
 	github.com/telorunner/telorunner/services/telorunner => ../services/telorunner
 	github.com/telorunner/telorunner/services/workspace-proxy => ../services/workspace-proxy
+	github.com/telorunner/telorunner/tools/devkernel => ../tools/devkernel
+	github.com/telorunner/telorunner/tools/kubetest => ../tools/kubetest
 )
 
 require (
 	github.com/gorilla/websocket v1.5.4-0.20250319132907-e064f32e3674
 	github.com/nats-io/nats.go v1.55.0
 	github.com/telorunner/telorunner/pkg v0.0.0
-	github.com/telorunner/telorunner/services/pod-driver v0.0.0
 	github.com/telorunner/telorunner/services/telorunner v0.0.0
+	github.com/telorunner/telorunner/tools/kubetest v0.0.0
 )
 
 require (
@@ -85,8 +87,10 @@ require (
 	github.com/quic-go/quic-go v0.59.0 // indirect
 	github.com/spf13/pflag v1.0.10 // indirect
 	github.com/telorunner/telorunner/services/api-edge v0.0.0 // indirect
+	github.com/telorunner/telorunner/services/pod-driver v0.0.0 // indirect
 	github.com/telorunner/telorunner/services/supervisor v0.0.0 // indirect
 	github.com/telorunner/telorunner/services/workspace-proxy v0.0.0 // indirect
+	github.com/telorunner/telorunner/tools/devkernel v0.0.0 // indirect
 	github.com/twitchyliquid64/golang-asm v0.15.1 // indirect
 	github.com/ugorji/go/codec v1.3.1 // indirect
 	github.com/x448/float16 v0.8.4 // indirect

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/telorunner/telorunner/services/pod-driver/kubetest"
+	"github.com/telorunner/telorunner/tools/kubetest"
 )
 
 // BenchmarkKubeWatchSession: the Kubernetes backend against a real

@@ -33,7 +33,7 @@ func TestMain(m *testing.M) {
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	// Named telo: Kubernetes watch app containers exec `telo` from PATH.
 	kernelBin = filepath.Join(dir, "telo")
-	buildKernel := exec.Command("go", "build", "-o", kernelBin, "github.com/telorunner/telorunner/services/pod-driver/cmd/devkernel")
+	buildKernel := exec.Command("go", "build", "-o", kernelBin, "github.com/telorunner/telorunner/tools/devkernel/cmd/devkernel")
 	buildKernel.Stdout, buildKernel.Stderr = os.Stderr, os.Stderr
 	code := 1
 	if err := build.Run(); err != nil {

@@ -4,11 +4,11 @@ go 1.26.0
 
 require (
 	github.com/creack/pty v1.1.24
-	github.com/goccy/go-yaml v1.19.2
 	github.com/nats-io/nats.go v1.55.0
 	github.com/nats-io/nuid v1.0.1
 	github.com/prometheus/client_golang v1.25.0
 	github.com/telorunner/telorunner/pkg v0.0.0
+	github.com/telorunner/telorunner/tools/kubetest v0.0.0
 	go.uber.org/goleak v1.3.0
 	golang.org/x/sys v0.49.0
 	k8s.io/api v0.37.2
@@ -78,4 +78,7 @@ require (
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
 
-replace github.com/telorunner/telorunner/pkg => ../../pkg
+replace (
+	github.com/telorunner/telorunner/pkg => ../../pkg
+	github.com/telorunner/telorunner/tools/kubetest => ../../tools/kubetest
+)

@@ -13,6 +13,7 @@ require (
 	github.com/telorunner/telorunner/services/pod-driver v0.0.0
 	github.com/telorunner/telorunner/services/supervisor v0.0.0
 	github.com/telorunner/telorunner/services/workspace-proxy v0.0.0
+	github.com/telorunner/telorunner/tools/kubetest v0.0.0
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
 	k8s.io/client-go v0.37.2
@@ -109,4 +110,5 @@ replace (
 	github.com/telorunner/telorunner/services/pod-driver => ../pod-driver
 	github.com/telorunner/telorunner/services/supervisor => ../supervisor
 	github.com/telorunner/telorunner/services/workspace-proxy => ../workspace-proxy
+	github.com/telorunner/telorunner/tools/kubetest => ../../tools/kubetest
 )

@@ -28,7 +28,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 
-	"github.com/telorunner/telorunner/services/pod-driver/kubetest"
+	"github.com/telorunner/telorunner/tools/kubetest"
 )
 
 // warnings collects the API server's Warning headers (deprecated fields,

@@ -12,7 +12,7 @@
 // files/nats-permissions.json) and served: a role's seed connects, an
 // anonymous client is refused. Every variable of the README's
 // configuration tables must be set by some install. Then every object is
-// applied to a real kube-apiserver (services/pod-driver/kubetest) with a
+// applied to a real kube-apiserver (tools/kubetest) with a
 // server-side dry run and strict field validation, so the API server's
 // schemas and admission (Pod Security "restricted") judge them; finally
 // the chart is applied for real, the session NetworkPolicy is evaluated

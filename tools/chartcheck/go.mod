@@ -3,7 +3,10 @@ module github.com/telorunner/telorunner/tools/chartcheck
 go 1.26.0
 
 require (
-	github.com/telorunner/telorunner/services/pod-driver v0.0.0
+	github.com/nats-io/nats-server/v2 v2.15.2
+	github.com/nats-io/nats.go v1.55.0
+	github.com/nats-io/nkeys v0.4.16
+	github.com/telorunner/telorunner/tools/kubetest v0.0.0
 	helm.sh/helm/v3 v3.22.0
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
@@ -52,9 +55,6 @@ require (
 	github.com/modern-go/reflect2 v1.0.3-0.20250322232337-35a7c28c31ee // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
-	github.com/nats-io/nats-server/v2 v2.15.2 // indirect
-	github.com/nats-io/nats.go v1.55.0 // indirect
-	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
 	github.com/santhosh-tekuri/jsonschema/v6 v6.0.3 // indirect
@@ -83,7 +83,4 @@ require (
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
 )
 
-replace (
-	github.com/telorunner/telorunner/pkg => ../../pkg
-	github.com/telorunner/telorunner/services/pod-driver => ../../services/pod-driver
-)
+replace github.com/telorunner/telorunner/tools/kubetest => ../kubetest

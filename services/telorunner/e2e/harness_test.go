@@ -44,7 +44,7 @@ func TestMain(m *testing.M) {
 	// and the stand-in kubelet puts the image program's directory first on PATH.
 	devkernel = filepath.Join(dir, "telo")
 	build := exec.Command("go", "build", "-o", devkernel, "./cmd/devkernel")
-	build.Dir = driverDir
+	build.Dir = filepath.Join(filepath.Dir(file), "..", "..", "..", "tools", "devkernel")
 	build.Env = append(os.Environ(), "GOWORK=off")
 	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build devkernel: %v\n%s", err, out)

@@ -20,7 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/telorunner/telorunner/pkg/testkit"
-	"github.com/telorunner/telorunner/services/pod-driver/kubetest"
+	"github.com/telorunner/telorunner/tools/kubetest"
 )
 
 // The Kubernetes backend end to end: the all-in-one with

@@ -35,7 +35,7 @@ func TestMain(m *testing.M) {
 	devkernelPath = filepath.Join(dir, "devkernel")
 	workspaceServerPath = filepath.Join(dir, "workspace-server")
 	for _, b := range []struct{ out, pkg, dir string }{
-		{devkernelPath, "github.com/telorunner/telorunner/services/pod-driver/cmd/devkernel", ""},
+		{devkernelPath, "./cmd/devkernel", filepath.Join("..", "..", "..", "..", "tools", "devkernel")},
 		{workspaceServerPath, "./cmd/workspace-server", filepath.Join("..", "..", "..", "workspace-proxy")},
 	} {
 		cmd := exec.Command("go", "build", "-o", b.out, b.pkg)

@@ -28,7 +28,7 @@ import (
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/kernelwire"
 	kube "github.com/telorunner/telorunner/services/pod-driver/internal/backend/kubernetes"
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/kubernetes/podspec"
-	"github.com/telorunner/telorunner/services/pod-driver/kubetest"
+	"github.com/telorunner/telorunner/tools/kubetest"
 )
 
 const (
@@ -52,7 +52,7 @@ func TestMain(m *testing.M) {
 	bins.workspace = filepath.Join(dir, "workspace-server")
 	root, err := filepath.Abs("../../..") // services/pod-driver
 	if err == nil {
-		err = build(root, bins.devkernel, "./cmd/devkernel")
+		err = build(filepath.Join(root, "..", "..", "tools", "devkernel"), bins.devkernel, "./cmd/devkernel")
 	}
 	if err == nil {
 		err = build(filepath.Join(root, "..", "workspace-proxy"), bins.workspace, "./cmd/workspace-server")

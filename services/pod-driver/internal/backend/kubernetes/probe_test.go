@@ -19,7 +19,7 @@ import (
 
 	"github.com/telorunner/telorunner/pkg/contract"
 	kube "github.com/telorunner/telorunner/services/pod-driver/internal/backend/kubernetes"
-	"github.com/telorunner/telorunner/services/pod-driver/kubetest"
+	"github.com/telorunner/telorunner/tools/kubetest"
 )
 
 // The rules Probe reviews are the Role the chart installs.

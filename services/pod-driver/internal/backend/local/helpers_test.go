@@ -55,8 +55,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	devkernelPath = filepath.Join(dir, "devkernel")
-	build := exec.Command("go", "build", "-o", devkernelPath,
-		"github.com/telorunner/telorunner/services/pod-driver/cmd/devkernel")
+	build := exec.Command("go", "build", "-o", devkernelPath, "./cmd/devkernel")
+	build.Dir = filepath.Join("..", "..", "..", "..", "..", "tools", "devkernel")
+	build.Env = append(os.Environ(), "GOWORK=off")
 	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build devkernel: %v\n%s", err, out)
 		_ = os.RemoveAll(dir)

@@ -17,7 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/telorunner/telorunner/services/pod-driver/kubetest"
+	"github.com/telorunner/telorunner/tools/kubetest"
 )
 
 func TestMain(m *testing.M) {

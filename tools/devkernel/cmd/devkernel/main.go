@@ -8,7 +8,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/telorunner/telorunner/services/pod-driver/internal/devkernel"
+	"github.com/telorunner/telorunner/tools/devkernel/internal/devkernel"
 )
 
 func main() {
