@@ -267,7 +267,7 @@ func (r *memRig) seedEnded(tb testing.TB, like session.Record, bundle contract.B
 		if _, err := r.store.SetStatus(ctx, id, contract.Status{Kind: contract.StatusRunning, Endpoints: []contract.Endpoint{}}, nil); err != nil {
 			return err
 		}
-		if _, err := r.store.IO.Append(ctx, bus.IOSubject(id, rec.Apps[0].Name), append([]byte{contract.TagStdout}, "hello from a seeded session\r\n"...), nil); err != nil {
+		if _, err := r.store.IO().Append(ctx, bus.IOSubject(id, rec.Apps[0].Name), append([]byte{contract.TagStdout}, "hello from a seeded session\r\n"...), nil); err != nil {
 			return err
 		}
 		_, err := r.store.SetStatus(ctx, id, contract.Status{Kind: contract.StatusExited, Code: &code}, nil)

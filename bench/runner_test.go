@@ -133,7 +133,7 @@ func BenchmarkSSEFanout(b *testing.B) {
 	}
 	// Let the session settle (running, kernel started) so only our events flow.
 	settled := func() bool {
-		r, err := store.Events.Tail(context.Background(), "runner.evt."+id)
+		r, err := store.Events().Tail(context.Background(), "runner.evt."+id)
 		rec, _, gerr := store.Get(context.Background(), id)
 		return err == nil && gerr == nil && rec.Status.Kind == contract.StatusRunning && r > 0
 	}
@@ -144,7 +144,7 @@ func BenchmarkSSEFanout(b *testing.B) {
 	client := &http.Client{Transport: tr}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	tail, err := store.Events.Tail(ctx, "runner.evt."+id)
+	tail, err := store.Events().Tail(ctx, "runner.evt."+id)
 	if err != nil {
 		b.Fatal(err)
 	}

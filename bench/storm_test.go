@@ -66,7 +66,7 @@ func BenchmarkReconnectStorm(b *testing.B) {
 	defer tr.CloseIdleConnections()
 	for _, window := range []int{1000, 20000} {
 		for {
-			tail, err := store.Events.Tail(ctx, subject)
+			tail, err := store.Events().Tail(ctx, subject)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -77,7 +77,7 @@ func BenchmarkReconnectStorm(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		tail, err := store.Events.Tail(ctx, subject)
+		tail, err := store.Events().Tail(ctx, subject)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -34,6 +34,10 @@ const (
 	ObjectBlobs   = "runner_blobs"   // sha256/<hex>
 )
 
+// KeyLeader is the BucketOwners key the active supervisor holds (never a
+// session id's shape, so no session's owner key collides with it).
+const KeyLeader = "_supervisor"
+
 // KeyAdmissionLedger is BucketAdmission's head: the retained count, live
 // watch sessions, admissions and evictions in flight, the reclaim cursors.
 const KeyAdmissionLedger = "ledger"

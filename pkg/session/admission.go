@@ -132,7 +132,7 @@ func (s *Store) Admit(ctx context.Context, id, mode string, lim Limits) error {
 	_, err := s.updateLedger(ctx, func(l *Ledger) error {
 		victim, redo, orphans, refused = "", "", nil, nil
 		l.init()
-		now := s.Now()
+		now := s.now()
 		for pid, slot := range l.Pending {
 			if now.Sub(slot.At) < orphanGrace {
 				continue
@@ -401,12 +401,12 @@ func (s *Store) syncLedger(ctx context.Context, id string, r Record) error {
 // the index's end unless it already does.
 func (s *Store) putReclaim(ctx context.Context, class, id string, since time.Time) error {
 	key, val := bus.ReclaimKey(class, id), since.UTC().Format(time.RFC3339Nano)
-	if e, err := s.Admission.Get(ctx, key); err == nil && string(e.Value()) == val {
+	if e, err := s.admission.Get(ctx, key); err == nil && string(e.Value()) == val {
 		return nil
 	} else if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return fmt.Errorf("read reclaim entry %s: %w", key, err)
 	}
-	if _, err := s.Admission.PutString(ctx, key, val); err != nil {
+	if _, err := s.admission.PutString(ctx, key, val); err != nil {
 		return fmt.Errorf("put reclaim entry %s: %w", key, err)
 	}
 	return nil
@@ -415,7 +415,7 @@ func (s *Store) putReclaim(ctx context.Context, class, id string, since time.Tim
 // Ledger reads the admission ledger's head (building it on first use).
 func (s *Store) Ledger(ctx context.Context) (Ledger, error) {
 	for {
-		l, _, err := bus.GetJSON[Ledger](ctx, s.Admission, bus.KeyAdmissionLedger)
+		l, _, err := bus.GetJSON[Ledger](ctx, s.admission, bus.KeyAdmissionLedger)
 		if !errors.Is(err, jetstream.ErrKeyNotFound) {
 			return l, err
 		}
@@ -433,7 +433,7 @@ func (s *Store) updateLedger(ctx context.Context, mutate func(*Ledger) error) (L
 	l, rev, seen := s.ledgerSeen.get()
 	for {
 		if !seen {
-			e, err := s.Admission.Get(ctx, bus.KeyAdmissionLedger)
+			e, err := s.admission.Get(ctx, bus.KeyAdmissionLedger)
 			if errors.Is(err, jetstream.ErrKeyNotFound) {
 				if err := s.buildLedger(ctx); err != nil {
 					return Ledger{}, err
@@ -464,7 +464,7 @@ func (s *Store) updateLedger(ctx context.Context, mutate func(*Ledger) error) (L
 		if err != nil {
 			return l, fmt.Errorf("encode %s: %w", bus.KeyAdmissionLedger, err)
 		}
-		next, err := s.Admission.Update(ctx, bus.KeyAdmissionLedger, b, rev)
+		next, err := s.admission.Update(ctx, bus.KeyAdmissionLedger, b, rev)
 		if err == nil {
 			s.ledgerSeen.set(b, next)
 			return l, nil
@@ -515,7 +515,7 @@ func isWrongLastSeq(err error) bool {
 // a store written by an older runner has one (its records are read once
 // here: the count, the live watch set and the reclaim index in order).
 func (s *Store) buildLedger(ctx context.Context) error {
-	old, _, err := bus.GetJSON[Slots](ctx, s.Admission, bus.KeyAdmissionSlots)
+	old, _, err := bus.GetJSON[Slots](ctx, s.admission, bus.KeyAdmissionSlots)
 	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return err
 	}
@@ -549,14 +549,14 @@ func (s *Store) buildLedger(ctx context.Context) error {
 			return err
 		}
 	}
-	if _, err := bus.CreateJSON(ctx, s.Admission, bus.KeyAdmissionLedger, l); err != nil {
+	if _, err := bus.CreateJSON(ctx, s.admission, bus.KeyAdmissionLedger, l); err != nil {
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			return nil // another process built it
 		}
 		return fmt.Errorf("create admission ledger: %w", err)
 	}
 	if old.IDs != nil {
-		if err := s.Admission.Purge(ctx, bus.KeyAdmissionSlots); err != nil {
+		if err := s.admission.Purge(ctx, bus.KeyAdmissionSlots); err != nil {
 			return fmt.Errorf("drop the first admission ledger: %w", err)
 		}
 	}

@@ -55,8 +55,8 @@ func mustAdmit(t *testing.T, store *session.Store, mode string, lim session.Limi
 // end moves a session to exited with exitedAt = at.
 func end(t *testing.T, store *session.Store, id string, at time.Time) {
 	t.Helper()
-	store.Now = func() time.Time { return at }
-	defer func() { store.Now = time.Now }()
+	store.SetClock(func() time.Time { return at })
+	defer store.SetClock(time.Now)
 	if _, err := store.SetStatus(context.Background(), id, contract.Status{Kind: contract.StatusExited, Code: new(int)}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -218,15 +218,11 @@ func TestAdmitExactAcrossEdges(t *testing.T) {
 	if l.Total != 20 || len(l.Evicting) != 0 || len(l.Pending) != 0 || len(l.Watch) > 4 {
 		t.Errorf("ledger = total %d, evicting %v, pending %v, watch %d; want 20, none, none, ≤ 4", l.Total, l.Evicting, l.Pending, len(l.Watch))
 	}
-	ids, err := one.Sessions.ListKeys(context.Background())
+	ids, err := one.SessionIDs(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
-	for range ids.Keys() {
-		n++
-	}
-	if n != 20 {
+	if n := len(ids); n != 20 {
 		t.Errorf("records = %d, want 20 (the ledger's count)", n)
 	}
 }
@@ -288,7 +284,7 @@ func TestLedgerSyncSurvivesAWriterDying(t *testing.T) {
 	if l := ledger(t, store); !l.Watch[id] {
 		t.Fatalf("ledger synced although its writer died: %+v", l)
 	}
-	if _, err := store.Admission.Get(ctx, bus.ReclaimKey(bus.ReclaimSuspended, id)); !errors.Is(err, jetstream.ErrKeyNotFound) {
+	if _, err := session.AdmissionBucket(store).Get(ctx, bus.ReclaimKey(bus.ReclaimSuspended, id)); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Fatalf("reclaim entry before the flush: %v, want none", err)
 	}
 	for range 2 {
@@ -300,7 +296,7 @@ func TestLedgerSyncSurvivesAWriterDying(t *testing.T) {
 	if l.Watch[id] || l.Total != 2 {
 		t.Errorf("ledger after the flushes = %+v, want the session out of the watch set and 2 retained", l)
 	}
-	e, err := store.Admission.Get(ctx, bus.ReclaimKey(bus.ReclaimSuspended, id))
+	e, err := session.AdmissionBucket(store).Get(ctx, bus.ReclaimKey(bus.ReclaimSuspended, id))
 	if err != nil {
 		t.Fatalf("reclaim entry after the flush: %v", err)
 	}
@@ -308,7 +304,7 @@ func TestLedgerSyncSurvivesAWriterDying(t *testing.T) {
 	if err := store.FlushStatus(ctx, id); err != nil {
 		t.Fatal(err)
 	}
-	if again, err := store.Admission.Get(ctx, bus.ReclaimKey(bus.ReclaimSuspended, id)); err != nil || again.Revision() != e.Revision() {
+	if again, err := session.AdmissionBucket(store).Get(ctx, bus.ReclaimKey(bus.ReclaimSuspended, id)); err != nil || again.Revision() != e.Revision() {
 		t.Errorf("reclaim entry rewritten by a repeated flush: %v, %v", again, err)
 	}
 	kinds, _ := statusEvents(t, store, id)
@@ -350,7 +346,7 @@ func TestEvictFreesOneSlot(t *testing.T) {
 		t.Error("record still there")
 	}
 	for _, class := range []string{bus.ReclaimEnded, bus.ReclaimSuspended} {
-		if _, err := one.Admission.Get(context.Background(), bus.ReclaimKey(class, id)); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		if _, err := session.AdmissionBucket(one).Get(context.Background(), bus.ReclaimKey(class, id)); !errors.Is(err, jetstream.ErrKeyNotFound) {
 			t.Errorf("reclaim entry %s after eviction: %v", class, err)
 		}
 	}
@@ -363,11 +359,11 @@ func TestAdmitReclaimsACrashedCreation(t *testing.T) {
 	ctx := context.Background()
 	lim := session.Limits{MaxSessions: 2}
 	crashed := contract.NewSessionID()
-	store.Now = func() time.Time { return time.Now().Add(-2 * time.Minute) }
+	store.SetClock(func() time.Time { return time.Now().Add(-2 * time.Minute) })
 	if err := store.Admit(ctx, crashed, contract.ModeWatch, lim); err != nil {
 		t.Fatal(err)
 	}
-	store.Now = time.Now
+	store.SetClock(time.Now)
 	mustAdmit(t, store, contract.ModeRun, lim)
 	mustAdmit(t, store, contract.ModeRun, lim) // full without the crashed one's slot
 	l := ledger(t, store)
@@ -391,7 +387,7 @@ func TestLedgerHeadStaysSmall(t *testing.T) {
 			t.Fatal(err)
 		}
 		if i == 9 {
-			e, err := store.Admission.Get(ctx, bus.KeyAdmissionLedger)
+			e, err := session.AdmissionBucket(store).Get(ctx, bus.KeyAdmissionLedger)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -400,7 +396,7 @@ func TestLedgerHeadStaysSmall(t *testing.T) {
 			}
 		}
 	}
-	e, err := store.Admission.Get(ctx, bus.KeyAdmissionLedger)
+	e, err := session.AdmissionBucket(store).Get(ctx, bus.KeyAdmissionLedger)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -428,13 +424,13 @@ func TestLedgerBuiltFromTheFirstFormat(t *testing.T) {
 		t.Fatal(err)
 	}
 	old := `{"ids":{"` + live + `":"watch","` + ended + `":{"mode":"run","at":"2026-11-29T12:00:00Z"},"` + crashed + `":"run"}}`
-	if _, err := store.Admission.Put(ctx, bus.KeyAdmissionSlots, []byte(old)); err != nil {
+	if _, err := session.AdmissionBucket(store).Put(ctx, bus.KeyAdmissionSlots, []byte(old)); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := store.CountLiveWatch(ctx); err != nil || n != 1 {
 		t.Fatalf("CountLiveWatch() = %d, %v; want 1", n, err)
 	}
-	if _, err := store.Admission.Get(ctx, bus.KeyAdmissionSlots); !errors.Is(err, jetstream.ErrKeyNotFound) {
+	if _, err := session.AdmissionBucket(store).Get(ctx, bus.KeyAdmissionSlots); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Errorf("first-format ledger still there: %v", err)
 	}
 	lim := session.Limits{MaxSessions: 3}

@@ -31,12 +31,12 @@ func TestTerminalStatusReleasesLogTails(t *testing.T) {
 		if _, err := store.SetStatus(ctx, id, contract.Status{Kind: contract.StatusRunning}, nil); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := store.IO.Append(ctx, bus.IOSubject(id, "app"), []byte{contract.TagStdout, 'h', 'i'}, nil); err != nil {
+		if _, err := store.IO().Append(ctx, bus.IOSubject(id, "app"), []byte{contract.TagStdout, 'h', 'i'}, nil); err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, id)
 	}
-	if e, i := store.Events.Cached(), store.IO.Cached(); e != 3 || i != 3 {
+	if e, i := store.Events().Cached(), store.IO().Cached(); e != 3 || i != 3 {
 		t.Fatalf("live sessions: %d event tails and %d io tails cached, want 3 and 3", e, i)
 	}
 	code := 0
@@ -44,7 +44,7 @@ func TestTerminalStatusReleasesLogTails(t *testing.T) {
 		if _, err := store.SetStatus(ctx, id, contract.Status{Kind: contract.StatusExited, Code: &code}, nil); err != nil {
 			t.Fatal(err)
 		}
-		if e, i := store.Events.Cached(), store.IO.Cached(); e != 2-n || i != 2-n {
+		if e, i := store.Events().Cached(), store.IO().Cached(); e != 2-n || i != 2-n {
 			t.Fatalf("after %d sessions ended: %d event tails and %d io tails cached, want %d and %d", n+1, e, i, 2-n, 2-n)
 		}
 	}

@@ -43,11 +43,11 @@ func statusEvents(t *testing.T, store *session.Store, id string) (kinds []string
 	t.Helper()
 	ctx := context.Background()
 	subject := bus.EventsSubject(id)
-	tail, err := store.Events.Tail(ctx, subject)
+	tail, err := store.Events().Tail(ctx, subject)
 	if err != nil || tail == 0 {
 		return nil, 0
 	}
-	r, err := store.Events.Read(ctx, subject, 0)
+	r, err := store.Events().Read(ctx, subject, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestSetStatusDyingBetweenStepsEventDeliveredOnce(t *testing.T) {
 	}
 	// An SSE client following the log from the start sees the event once
 	// recovery flushes it.
-	follow, err := b.Events.Read(ctx, bus.EventsSubject(id), 0)
+	follow, err := b.Events().Read(ctx, bus.EventsSubject(id), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func TestFlushStatusAfterAppendedEventDoesNotDouble(t *testing.T) {
 	}
 	// Put the delivered entry back, as if the process died before the
 	// outbox update: its id is the event's Nats-Msg-Id.
-	m, err := a.JS.Stream(ctx, bus.StreamEvents)
+	m, err := a.JetStream().Stream(ctx, bus.StreamEvents)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,16 +23,16 @@ var ErrTerminal = errors.New("session already terminal")
 
 // Store is the registry over the bus. Safe for concurrent use.
 type Store struct {
-	JS          jetstream.JetStream
-	Sessions    jetstream.KeyValue
-	Owners      jetstream.KeyValue
-	Presence    jetstream.KeyValue
-	Admission   jetstream.KeyValue
-	Checkpoints jetstream.KeyValue
-	Bundles     jetstream.ObjectStore
-	Events      *bus.Log
-	IO          *bus.Log
-	Now         func() time.Time
+	js          jetstream.JetStream
+	sessions    jetstream.KeyValue
+	owners      jetstream.KeyValue
+	presence    jetstream.KeyValue
+	admission   jetstream.KeyValue
+	checkpoints jetstream.KeyValue
+	bundles     jetstream.ObjectStore
+	events      *bus.Log
+	ioLog       *bus.Log
+	now         func() time.Time
 
 	// admIndex is the stream behind Admission, read by subject for the
 	// reclaim index (Admit).
@@ -51,23 +51,23 @@ type Store struct {
 // Open binds a Store to provisioned buckets; replayBytes is the byte
 // window of each event log and each io channel.
 func Open(ctx context.Context, js jetstream.JetStream, replayBytes int64) (*Store, error) {
-	s := &Store{JS: js, Now: time.Now,
-		Events: bus.NewLog(js, bus.StreamEvents, replayBytes),
-		IO:     bus.NewLog(js, bus.StreamIO, replayBytes),
+	s := &Store{js: js, now: time.Now,
+		events: bus.NewLog(js, bus.StreamEvents, replayBytes),
+		ioLog:  bus.NewLog(js, bus.StreamIO, replayBytes),
 	}
 	var err error
 	for _, b := range []struct {
 		name string
 		kv   *jetstream.KeyValue
 	}{
-		{bus.BucketSessions, &s.Sessions}, {bus.BucketOwners, &s.Owners}, {bus.BucketPresence, &s.Presence},
-		{bus.BucketAdmission, &s.Admission}, {bus.BucketCheckpoints, &s.Checkpoints},
+		{bus.BucketSessions, &s.sessions}, {bus.BucketOwners, &s.owners}, {bus.BucketPresence, &s.presence},
+		{bus.BucketAdmission, &s.admission}, {bus.BucketCheckpoints, &s.checkpoints},
 	} {
 		if *b.kv, err = js.KeyValue(ctx, b.name); err != nil {
 			return nil, fmt.Errorf("open bucket %s: %w", b.name, err)
 		}
 	}
-	if s.Bundles, err = js.ObjectStore(ctx, bus.ObjectBundles); err != nil {
+	if s.bundles, err = js.ObjectStore(ctx, bus.ObjectBundles); err != nil {
 		return nil, fmt.Errorf("open object store %s: %w", bus.ObjectBundles, err)
 	}
 	if s.admIndex, err = js.Stream(ctx, "KV_"+bus.BucketAdmission); err != nil {
@@ -81,7 +81,7 @@ func (s *Store) Get(ctx context.Context, id string) (Record, uint64, error) {
 	if !contract.ValidSessionID(id) {
 		return Record{}, 0, ErrNotFound
 	}
-	r, rev, err := bus.GetJSON[Record](ctx, s.Sessions, id)
+	r, rev, err := bus.GetJSON[Record](ctx, s.sessions, id)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return r, 0, ErrNotFound
 	}
@@ -90,7 +90,7 @@ func (s *Store) Get(ctx context.Context, id string) (Record, uint64, error) {
 
 // Create stores a new record (the id must be free).
 func (s *Store) Create(ctx context.Context, r Record) error {
-	_, err := bus.CreateJSON(ctx, s.Sessions, r.ID, r)
+	_, err := bus.CreateJSON(ctx, s.sessions, r.ID, r)
 	return err
 }
 
@@ -102,7 +102,7 @@ func (s *Store) Update(ctx context.Context, id string, mutate func(*Record) erro
 	if !contract.ValidSessionID(id) {
 		return Record{}, ErrNotFound
 	}
-	r, _, err := bus.UpdateJSON(ctx, s.Sessions, id, false, mutate)
+	r, _, err := bus.UpdateJSON(ctx, s.sessions, id, false, mutate)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return r, ErrNotFound
 	}
@@ -130,7 +130,7 @@ func (s *Store) EmitBatch(ctx context.Context, id string, evs []contract.Event) 
 		}
 		datas[i], hdrs[i] = b, eventHeader(ev)
 	}
-	_, err := s.Events.AppendBatch(ctx, bus.EventsSubject(id), datas, hdrs)
+	_, err := s.events.AppendBatch(ctx, bus.EventsSubject(id), datas, hdrs)
 	return err
 }
 
@@ -154,7 +154,7 @@ func (s *Store) emit(ctx context.Context, id string, ev contract.Event, msgID st
 	if msgID != "" {
 		hdr.Set(jetstream.MsgIDHeader, msgID)
 	}
-	return s.Events.Append(ctx, bus.EventsSubject(id), b, hdr)
+	return s.events.Append(ctx, bus.EventsSubject(id), b, hdr)
 }
 
 // SetStatus records a status transition and emits its status event. A
@@ -172,11 +172,11 @@ func (s *Store) emit(ctx context.Context, id string, ev contract.Event, msgID st
 // FlushStatus). An error after the compare-and-set means the transition is
 // recorded and its ledger sync and event pending.
 func (s *Store) SetStatus(ctx context.Context, id string, st contract.Status, mutate func(*Record) error) (Record, error) {
-	after, err := s.Events.Position(ctx, bus.EventsSubject(id))
+	after, err := s.events.Position(ctx, bus.EventsSubject(id))
 	if err != nil {
 		return Record{}, err
 	}
-	p := PendingStatus{ID: "status-" + id + "-" + nuid.Next(), After: after, At: s.Now().UTC(), Status: st}
+	p := PendingStatus{ID: "status-" + id + "-" + nuid.Next(), After: after, At: s.now().UTC(), Status: st}
 	r, err := s.Update(ctx, id, func(r *Record) error {
 		if r.Status.Terminal() {
 			return ErrTerminal
@@ -189,7 +189,7 @@ func (s *Store) SetStatus(ctx context.Context, id string, st contract.Status, mu
 		}
 		r.Status = st
 		if st.Terminal() {
-			now := s.Now().UTC()
+			now := s.now().UTC()
 			r.ExitedAt = &now
 		}
 		r.Outbox = append(r.Outbox, p)
@@ -250,7 +250,7 @@ func (s *Store) deliver(ctx context.Context, id string, pending []PendingStatus,
 	var failed error
 	for _, p := range pending {
 		if p.ID != fresh {
-			landed, err := s.Events.Has(ctx, subject, p.ID, p.After)
+			landed, err := s.events.Has(ctx, subject, p.ID, p.After)
 			if err != nil {
 				failed = err
 				break
@@ -302,8 +302,8 @@ func (s *Store) deliver(ctx context.Context, id string, pending []PendingStatus,
 // Kept, each retained session would cost every service that ever wrote to
 // it a tail and its replay window's index, until eviction (issue 20).
 func (s *Store) Release(id string) {
-	s.Events.Forget(bus.EventsSubject(id))
-	s.IO.ForgetAll(bus.IOSubjects(id))
+	s.events.Forget(bus.EventsSubject(id))
+	s.ioLog.ForgetAll(bus.IOSubjects(id))
 }
 
 // PutBundle stores a session's bundle.
@@ -314,7 +314,7 @@ func (s *Store) PutBundle(ctx context.Context, id string, b contract.Bundle) err
 	}
 	ctx, cancel := bus.ObjectContext(ctx)
 	defer cancel()
-	if _, err := s.Bundles.PutBytes(ctx, id, data); err != nil {
+	if _, err := s.bundles.PutBytes(ctx, id, data); err != nil {
 		return fmt.Errorf("put bundle %s: %w", id, err)
 	}
 	return nil
@@ -325,7 +325,7 @@ func (s *Store) GetBundle(ctx context.Context, id string) (contract.Bundle, erro
 	var b contract.Bundle
 	ctx, cancel := bus.ObjectContext(ctx)
 	defer cancel()
-	data, err := s.Bundles.GetBytes(ctx, id)
+	data, err := s.bundles.GetBytes(ctx, id)
 	if err != nil {
 		return b, fmt.Errorf("get bundle %s: %w", id, err)
 	}
@@ -355,7 +355,7 @@ func (s *Store) Evict(ctx context.Context, id string) error {
 			return err
 		}
 		l.init()
-		l.Evicting[id] = Eviction{At: s.Now()}
+		l.Evicting[id] = Eviction{At: s.now()}
 		delete(l.Watch, id)
 		delete(l.Pending, id)
 		return nil
@@ -390,36 +390,36 @@ func (s *Store) Evict(ctx context.Context, id string) error {
 // purge removes every trace of a session, the record last.
 func (s *Store) purge(ctx context.Context, id string) error {
 	var errs []error
-	if err := s.Events.Purge(ctx, bus.EventsSubject(id)); err != nil {
+	if err := s.events.Purge(ctx, bus.EventsSubject(id)); err != nil {
 		errs = append(errs, err)
 	}
-	if err := s.IO.Purge(ctx, bus.IOSubjects(id)); err != nil {
+	if err := s.ioLog.Purge(ctx, bus.IOSubjects(id)); err != nil {
 		errs = append(errs, err)
 	}
-	if err := s.Bundles.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+	if err := s.bundles.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
 		errs = append(errs, err)
 	}
-	if err := bus.PurgeFamily(ctx, s.Checkpoints, id); err != nil { // with its history slots
+	if err := bus.PurgeFamily(ctx, s.checkpoints, id); err != nil { // with its history slots
 		errs = append(errs, err)
 	}
-	if err := s.Owners.Purge(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+	if err := s.owners.Purge(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		errs = append(errs, err)
 	}
 	// Reclaim index entries: only those that exist (a purge of a missing
 	// key would still leave a marker for the cursors to pass over).
 	for _, class := range []string{bus.ReclaimEnded, bus.ReclaimSuspended} {
 		key := bus.ReclaimKey(class, id)
-		if _, err := s.Admission.Get(ctx, key); errors.Is(err, jetstream.ErrKeyNotFound) {
+		if _, err := s.admission.Get(ctx, key); errors.Is(err, jetstream.ErrKeyNotFound) {
 			continue
 		}
-		if err := s.Admission.Purge(ctx, key); err != nil {
+		if err := s.admission.Purge(ctx, key); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
-	if err := s.Sessions.Purge(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+	if err := s.sessions.Purge(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return err
 	}
 	return nil

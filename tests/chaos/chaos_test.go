@@ -354,7 +354,7 @@ func (sys *system) activeSupervisor(ctx context.Context, js jetstream.JetStream)
 	if err != nil {
 		return sups[:1]
 	}
-	e, err := kv.Get(c, supervisorLeaderKey)
+	e, err := kv.Get(c, bus.KeyLeader)
 	if err != nil {
 		return sups[:1]
 	}
@@ -365,10 +365,6 @@ func (sys *system) activeSupervisor(ctx context.Context, js jetstream.JetStream)
 	}
 	return sups[:1]
 }
-
-// supervisorLeaderKey is supervisor.LeaderKey (a service package, not
-// importable from here without the whole supervisor module).
-const supervisorLeaderKey = "_supervisor"
 
 // streamLeader is the NATS node leading the events stream (the hardest
 // node to lose: appends stall until a new leader is elected).

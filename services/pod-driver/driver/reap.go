@@ -25,8 +25,8 @@ func reapLocalOrphans(ctx context.Context, lb *local.Backend, store *session.Sto
 			return o
 		}
 		o := ""
-		if e, err := store.Owners.Get(ctx, id); err == nil {
-			o = string(e.Value())
+		if holder, _, err := store.Owner(ctx, id); err == nil {
+			o = holder
 		} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
 			o = "?" // unknown: keep the group rather than kill a live one
 		}

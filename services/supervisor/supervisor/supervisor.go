@@ -27,9 +27,6 @@ import (
 	"github.com/telorunner/telorunner/pkg/session"
 )
 
-// LeaderKey is the runner_owners key the active supervisor holds.
-const LeaderKey = "_supervisor"
-
 // Config is the supervisor configuration.
 type Config struct {
 	ExitTTL         time.Duration // RUNNER_EXIT_TTL_MS
@@ -120,7 +117,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 		case <-ctx.Done():
 			s.jobs.Wait()
 			if s.leaderRev != 0 {
-				_ = store.Owners.Delete(context.Background(), LeaderKey, jetstream.LastRevision(s.leaderRev))
+				_ = store.ReleaseOwner(context.Background(), bus.KeyLeader, s.leaderRev)
 			}
 			return nil
 		case <-t.C:
@@ -151,7 +148,7 @@ type sup struct {
 // the active one.
 func (s *sup) lead(ctx context.Context) bool {
 	if s.leaderRev != 0 {
-		rev, err := s.store.Owners.Update(ctx, LeaderKey, []byte(s.cfg.ID), s.leaderRev)
+		rev, err := s.store.RenewOwner(ctx, bus.KeyLeader, s.cfg.ID, s.leaderRev)
 		if err == nil {
 			s.leaderRev = rev
 			return true
@@ -159,7 +156,7 @@ func (s *sup) lead(ctx context.Context) bool {
 		s.log.Warn("lost supervisor leadership", "err", err)
 		s.leaderRev = 0
 	}
-	rev, err := s.store.Owners.Create(ctx, LeaderKey, []byte(s.cfg.ID))
+	rev, err := s.store.ClaimOwner(ctx, bus.KeyLeader, s.cfg.ID)
 	if err != nil {
 		return false
 	}
@@ -170,12 +167,12 @@ func (s *sup) lead(ctx context.Context) bool {
 
 // reconcile looks at every session once.
 func (s *sup) reconcile(ctx context.Context) {
-	keys, err := s.store.Sessions.ListKeys(ctx)
+	ids, err := s.store.SessionIDs(ctx)
 	if err != nil {
 		s.log.Warn("list sessions", "err", err)
 		return
 	}
-	for id := range keys.Keys() {
+	for _, id := range ids {
 		rec, _, err := s.store.Get(ctx, id)
 		if errors.Is(err, session.ErrNotFound) {
 			continue
@@ -252,7 +249,7 @@ func (s *sup) owned(ctx context.Context, rec session.Record) bool {
 	if queued {
 		return false
 	}
-	if _, err := s.store.Owners.Get(ctx, rec.ID); err == nil {
+	if _, _, err := s.store.Owner(ctx, rec.ID); err == nil {
 		return true
 	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return false
@@ -266,15 +263,12 @@ func (s *sup) owned(ctx context.Context, rec session.Record) bool {
 			return false // its start command may still be on its way
 		}
 	}
-	msg := &nats.Msg{Subject: bus.SubjectCmdAdopt, Data: []byte(rec.ID), Header: nats.Header{}}
-	msg.Header.Set(bus.HeaderSession, rec.ID)
 	// One adopt request per session per owner TTL at most. A request handed
 	// to a driver that died before acking it waits out the consumer's ack
 	// wait; the next window's request reaches a live driver sooner (an
 	// adopter claims the owner key first, so a late duplicate does nothing).
 	window := max(s.ownerTTL.Milliseconds(), 1)
-	msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("adopt-%s-%d", rec.ID, s.now().UnixMilli()/window))
-	if _, err := s.store.JS.PublishMsg(ctx, msg); err != nil {
+	if err := s.store.RequestAdopt(ctx, rec.ID, fmt.Sprintf("adopt-%s-%d", rec.ID, s.now().UnixMilli()/window)); err != nil {
 		s.log.Warn("request adoption", "session", rec.ID, "err", err)
 	} else {
 		s.log.Info("requested adoption of an ownerless session", "session", rec.ID)
@@ -356,18 +350,7 @@ func (s *sup) idleSince(ctx context.Context, rec session.Record) (*time.Time, er
 }
 
 func (s *sup) present(ctx context.Context, id string) (bool, error) {
-	l, err := s.store.Presence.ListKeysFiltered(ctx, id+".*")
-	if err != nil {
-		if errors.Is(err, jetstream.ErrNoKeysFound) {
-			return false, nil
-		}
-		return false, err
-	}
-	found := false
-	for range l.Keys() {
-		found = true
-	}
-	return found, nil
+	return s.store.Present(ctx, id)
 }
 
 // checkpoint asks runner-ws for an incremental checkpoint, recorded in

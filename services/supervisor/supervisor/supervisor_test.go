@@ -75,11 +75,11 @@ func (e env) run(t *testing.T, cfg Config) func() {
 
 func (e env) leader(t *testing.T) string {
 	t.Helper()
-	v, err := e.store.Owners.Get(context.Background(), LeaderKey)
+	holder, _, err := e.store.Owner(context.Background(), bus.KeyLeader)
 	if err != nil {
 		return ""
 	}
-	return string(v.Value())
+	return holder
 }
 
 // One active replica; a standby takes over when it goes, and a dead
@@ -87,7 +87,7 @@ func (e env) leader(t *testing.T) string {
 func TestLeaderElectionAndTakeover(t *testing.T) {
 	e := newEnv(t)
 	// A leader that died without releasing its key.
-	if _, err := e.store.Owners.Create(context.Background(), LeaderKey, []byte("ghost")); err != nil {
+	if _, err := e.store.ClaimOwner(context.Background(), bus.KeyLeader, "ghost"); err != nil {
 		t.Fatal(err)
 	}
 	stop := map[string]func(){
@@ -134,7 +134,7 @@ func TestExitTTLEviction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rev, err := e.store.Owners.Create(ctx, live, []byte("driver-a"))
+	rev, err := e.store.ClaimOwner(ctx, live, "driver-a")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +147,7 @@ func TestExitTTLEviction(t *testing.T) {
 	// More reconciles, the live session's driver renewing meanwhile.
 	for range 5 {
 		ticks(t, e, 1)
-		if rev, err = e.store.Owners.Update(ctx, live, []byte("driver-a"), rev); err != nil {
+		if rev, err = e.store.RenewOwner(ctx, live, "driver-a", rev); err != nil {
 			t.Fatalf("renew the live session's owner key: %v", err)
 		}
 	}
@@ -161,10 +161,10 @@ func TestExitTTLEviction(t *testing.T) {
 	if got.Status.Kind != contract.StatusRunning {
 		t.Fatalf("live session status = %+v, want running (untouched)", got.Status)
 	}
-	if tail, err := e.store.Events.Tail(ctx, bus.EventsSubject(live)); err != nil || tail != liveTail {
+	if tail, err := e.store.Events().Tail(ctx, bus.EventsSubject(live)); err != nil || tail != liveTail {
 		t.Fatalf("live session's event tail = %d, %v; want %d (its events kept)", tail, err, liveTail)
 	}
-	if tail, err := e.store.Events.Tail(ctx, bus.EventsSubject("aaaaaaaaaaaa")); err != nil || tail != 0 {
+	if tail, err := e.store.Events().Tail(ctx, bus.EventsSubject("aaaaaaaaaaaa")); err != nil || tail != 0 {
 		t.Fatalf("evicted session's events remain (tail %d, %v)", tail, err)
 	}
 }
@@ -204,7 +204,7 @@ func TestPendingStatusEventDeliveredOnce(t *testing.T) {
 	if err := e.store.Create(ctx, rec); err != nil {
 		t.Fatal(err)
 	}
-	r, err := e.store.Events.Read(ctx, bus.EventsSubject(id), 0)
+	r, err := e.store.Events().Read(ctx, bus.EventsSubject(id), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,18 +225,18 @@ func TestPendingStatusEventDeliveredOnce(t *testing.T) {
 		rev := leaderRev(t, e)
 		testkit.Eventually(t, 10*time.Second, func() bool { return leaderRev(t, e) > rev }, "another tick")
 	}
-	if tail, err := e.store.Events.Tail(ctx, bus.EventsSubject(id)); err != nil || tail != 1 {
+	if tail, err := e.store.Events().Tail(ctx, bus.EventsSubject(id)); err != nil || tail != 1 {
 		t.Fatalf("event log tail = %d, %v, want 1 (the status event once)", tail, err)
 	}
 }
 
 func leaderRev(t *testing.T, e env) uint64 {
 	t.Helper()
-	v, err := e.store.Owners.Get(context.Background(), LeaderKey)
+	_, rev, err := e.store.Owner(context.Background(), bus.KeyLeader)
 	if err != nil {
 		return 0
 	}
-	return v.Revision()
+	return rev
 }
 
 // ticks waits until the active supervisor finished n more reconciles.
@@ -279,7 +279,7 @@ func TestSlowStartOfResumedSessionIsNeverAdopted(t *testing.T) {
 	publish(t, e, bus.CmdStartSubject(queued), queued) // no driver takes it yet
 	// A driver took the other one: it holds the owner key (renewed, as a
 	// live driver does) while its start takes long.
-	rev, err := e.store.Owners.Create(ctx, claimed, []byte("driver-a"))
+	rev, err := e.store.ClaimOwner(ctx, claimed, "driver-a")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,7 +291,7 @@ func TestSlowStartOfResumedSessionIsNeverAdopted(t *testing.T) {
 	deadline := time.Now().Add(3 * e.lim.OwnerTTL)
 	for time.Now().Before(deadline) {
 		ticks(t, e, 1)
-		if rev, err = e.store.Owners.Update(ctx, claimed, []byte("driver-a"), rev); err != nil {
+		if rev, err = e.store.RenewOwner(ctx, claimed, "driver-a", rev); err != nil {
 			t.Fatalf("renew owner key: %v", err)
 		}
 	}
@@ -311,7 +311,7 @@ func TestSessionWhoseOwnerDiedIsAdopted(t *testing.T) {
 	if err := e.store.Create(ctx, session.Record{ID: died, Mode: contract.ModeWatch, Status: contract.Status{Kind: contract.StatusRunning}, CreatedAt: now}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.store.Owners.Create(ctx, died, []byte("driver-gone")); err != nil {
+	if _, err := e.store.ClaimOwner(ctx, died, "driver-gone"); err != nil {
 		t.Fatal(err)
 	}
 	requested := now.Add(-time.Minute)
@@ -409,7 +409,7 @@ func TestStartWaitsForItsBuckets(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.Eventually(t, 10*time.Second, func() bool {
-		v, err := owners.Get(ctx, LeaderKey)
+		v, err := owners.Get(ctx, bus.KeyLeader)
 		return err == nil && string(v.Value()) == "a"
 	}, "the supervisor leading once its buckets answer")
 	cancel()

@@ -31,7 +31,7 @@ func (p *proxy) checkpoints(ctx context.Context) (*checkpoint.Store, error) {
 	if p.ckpt != nil {
 		return p.ckpt, nil
 	}
-	st, err := newCheckpointStore(ctx, p.store.JS, p.history)
+	st, err := newCheckpointStore(ctx, p.store.JetStream(), p.history)
 	if err != nil {
 		return nil, contract.Errorf("workspace_error", "%v", err)
 	}

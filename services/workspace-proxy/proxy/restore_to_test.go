@@ -86,7 +86,7 @@ func TestRestoreToKeptCheckpoint(t *testing.T) {
 		t.Fatal("checkpointOp(whim) succeeded")
 	}
 	var h []checkpoint.Checkpoint
-	h, err = checkpoint.History(ctx, p.store.Checkpoints, rec.ID)
+	h, err = checkpoint.History(ctx, p.store.Checkpoints(), rec.ID)
 	if err != nil || len(h) != 2 || h[0].Reason != "restore" || h[1].Reason != "manual" {
 		out, _ := json.Marshal(h)
 		t.Fatalf("history = %s, %v", out, err)

@@ -20,7 +20,7 @@ import (
 // blobObjects lists the object names of runner_blobs.
 func blobObjects(t *testing.T, p *proxy) []string {
 	t.Helper()
-	obs, err := p.store.JS.ObjectStore(t.Context(), bus.ObjectBlobs)
+	obs, err := p.store.JetStream().ObjectStore(t.Context(), bus.ObjectBlobs)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/session"
 	"github.com/telorunner/telorunner/pkg/testkit"
@@ -30,7 +31,11 @@ var appVars = map[string]string{
 // value (appVars: "operator", "/cache").
 func noCatalogEnv(t *testing.T, e *testEnv, id string) {
 	t.Helper()
-	ent, err := e.store.Sessions.Get(context.Background(), id)
+	sessions, err := e.js.KeyValue(context.Background(), bus.BucketSessions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ent, err := sessions.Get(context.Background(), id)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -164,7 +164,7 @@ func TestAdmissionAcrossReplicas(t *testing.T) {
 	// Every admitted slot has its record, and no record lost its slot.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	keys, err := edges[0].store.Sessions.Keys(ctx)
+	keys, err := edges[0].store.SessionIDs(ctx)
 	if err != nil {
 		t.Fatalf("list records: %v", err)
 	}

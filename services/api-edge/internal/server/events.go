@@ -208,7 +208,7 @@ func (s *Server) replay(ctx context.Context, st *sseStream, subject string, upTo
 			return false, nil
 		}
 		var werr error
-		err = s.store.Events.ReadRange(ctx, subject, st.last, upTo, func(e bus.Entry, gap bool) error {
+		err = s.store.Events().ReadRange(ctx, subject, st.last, upTo, func(e bus.Entry, gap bool) error {
 			if done, werr = st.write(e, gap); done && werr == nil {
 				return errStreamDone
 			}

@@ -53,7 +53,7 @@ func (s *Server) listCheckpoints(c *gin.Context) {
 	if !ok {
 		return
 	}
-	h, err := checkpoint.History(c.Request.Context(), s.store.Checkpoints, rec.ID)
+	h, err := checkpoint.History(c.Request.Context(), s.store.Checkpoints(), rec.ID)
 	if err != nil {
 		s.fail(c, err)
 		return
@@ -182,7 +182,7 @@ func (s *Server) forkSession(c *gin.Context) {
 			s.fail(c, err)
 			return
 		}
-	} else if _, err := s.store.Checkpoints.Get(ctx, src.ID); err != nil {
+	} else if _, err := s.store.Checkpoints().Get(ctx, src.ID); err != nil {
 		s.fail(c, contract.Errorf("no_checkpoint", "session '%s' is not running and has no checkpoint to fork from", src.ID))
 		return
 	}
@@ -190,12 +190,12 @@ func (s *Server) forkSession(c *gin.Context) {
 	// only the entry, never read while the checkpoint exists.
 	bundle := contract.Bundle{EntryRelativePath: apps[0].Entry, Files: []contract.BundleFile{}}
 	s.admitAndStart(c, contract.ModeWatch, apps, launch, bundle, notices, func(ctx context.Context, id string) error {
-		_, err := checkpoint.Fork(ctx, s.store.Checkpoints, src.ID, id)
+		_, err := checkpoint.Fork(ctx, s.store.Checkpoints(), src.ID, id)
 		if errors.Is(err, checkpoint.ErrNoCheckpoint) {
 			return contract.Errorf("no_checkpoint", "session '%s' has no checkpoint to fork from", src.ID)
 		}
 		if err != nil {
-			_ = checkpoint.Purge(ctx, s.store.Checkpoints, id) // a half-written copy pins blobs
+			_ = checkpoint.Purge(ctx, s.store.Checkpoints(), id) // a half-written copy pins blobs
 		}
 		return err
 	})

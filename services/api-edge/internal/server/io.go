@@ -139,7 +139,7 @@ func (s *Server) io(c *gin.Context) {
 	}
 	defer unfollow()
 	if rec.Status.Terminal() {
-		tail, err := s.store.IO.Tail(ctx, subject)
+		tail, err := s.store.IO().Tail(ctx, subject)
 		if err == nil && tail <= lastSeq {
 			closeWith(4410, "session terminal, nothing to replay")
 			return
@@ -181,7 +181,7 @@ func (s *Server) io(c *gin.Context) {
 		if upTo <= delivered {
 			return true
 		}
-		err := s.store.IO.ReadRange(ctx, subject, delivered, upTo, func(e bus.Entry, gap bool) error {
+		err := s.store.IO().ReadRange(ctx, subject, delivered, upTo, func(e bus.Entry, gap bool) error {
 			if gap && delivered == lastSeq && !send(outFrame{text: true, data: []byte(`{"type":"gap","reason":"buffer_evicted"}`)}) {
 				return ctx.Err()
 			}
@@ -231,7 +231,7 @@ func (s *Server) io(c *gin.Context) {
 				break // a refused publish, not the session's end
 			}
 			termCh = nil
-			tail, err := s.store.IO.Tail(ctx, subject)
+			tail, err := s.store.IO().Tail(ctx, subject)
 			if err != nil {
 				return
 			}

@@ -116,7 +116,7 @@ func (s *Server) probe(c *gin.Context) {
 	}
 	ctx, cancel := context.WithTimeout(c.Request.Context(), 3*time.Second)
 	defer cancel()
-	cons, err := s.store.JS.Consumer(ctx, bus.StreamCmd, bus.ConsumerDrivers)
+	cons, err := s.store.DriverConsumer(ctx)
 	if err != nil {
 		c.JSON(http.StatusOK, availability{Status: "unavailable", Message: "the runner's message bus does not answer: " + err.Error(),
 			Remediation: "Check that NATS JetStream is running and reachable at RUNNER_NATS_URL."})

@@ -2,11 +2,9 @@ package server
 
 import (
 	"context"
-	"strconv"
 	"sync"
 	"time"
 
-	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/session"
 )
 
@@ -85,14 +83,14 @@ func (s *Server) PublishPresence(ctx context.Context, store *session.Store, peri
 	for {
 		snap := s.presence.Snapshot()
 		for id, n := range snap {
-			if _, err := store.Presence.Put(ctx, bus.PresenceKey(id, s.edgeID), []byte(strconv.Itoa(n))); err != nil && ctx.Err() == nil {
+			if err := store.PutPresence(ctx, id, s.edgeID, n); err != nil && ctx.Err() == nil {
 				s.log.Warn("publish presence", "session", id, "err", err)
 			}
 			published[id] = true
 		}
 		for id := range published {
 			if _, live := snap[id]; !live {
-				_ = store.Presence.Delete(ctx, bus.PresenceKey(id, s.edgeID))
+				_ = store.DropPresence(ctx, id, s.edgeID)
 				delete(published, id)
 			}
 		}

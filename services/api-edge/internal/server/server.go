@@ -70,9 +70,9 @@ func New(ctx context.Context, o Options) *Server {
 	s.m = newMetrics(o.Registry)
 	s.hub = newHub(ctx, func(subject string) *bus.Log {
 		if strings.HasPrefix(subject, bus.SubjectIOPrefix) {
-			return s.store.IO
+			return s.store.IO()
 		}
-		return s.store.Events
+		return s.store.Events()
 	})
 	e := gin.New()
 	e.Use(gin.Recovery(), s.cors())

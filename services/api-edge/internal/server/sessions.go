@@ -241,10 +241,7 @@ func (s *Server) admitAndStart(c *gin.Context, mode string, apps []session.App, 
 // acknowledgement) is de-duplicated by JetStream, and a later start of the
 // same session (a resume) is not.
 func (s *Server) publishStart(ctx context.Context, id string, requested time.Time) error {
-	msg := &nats.Msg{Subject: bus.CmdStartSubject(id), Data: []byte(id), Header: nats.Header{}}
-	msg.Header.Set(bus.HeaderSession, id)
-	msg.Header.Set(jetstream.MsgIDHeader, bus.StartMsgID(id, requested))
-	if _, err := s.store.JS.PublishMsg(ctx, msg); err != nil {
+	if err := s.store.RequestStart(ctx, id, bus.StartMsgID(id, requested)); err != nil {
 		return fmt.Errorf("publish start %s: %w", id, err)
 	}
 	return nil
@@ -426,7 +423,7 @@ func (s *Server) deleteSession(c *gin.Context) {
 			s.fail(c, err)
 			return
 		}
-		_ = checkpoint.Purge(ctx, s.store.Checkpoints, id)
+		_ = checkpoint.Purge(ctx, s.store.Checkpoints(), id)
 		c.Status(http.StatusNoContent)
 		return
 	}
@@ -449,13 +446,10 @@ func (s *Server) deleteSession(c *gin.Context) {
 
 // requestAdopt asks the drivers to take over a session with no live owner.
 func (s *Server) requestAdopt(ctx context.Context, id string) error {
-	if _, err := s.store.Owners.Get(ctx, id); err == nil {
+	if _, _, err := s.store.Owner(ctx, id); err == nil {
 		return nil // owned: its owner is between subscriptions (starting)
 	}
-	msg := &nats.Msg{Subject: bus.SubjectCmdAdopt, Data: []byte(id), Header: nats.Header{}}
-	msg.Header.Set(bus.HeaderSession, id)
-	msg.Header.Set(jetstream.MsgIDHeader, "adopt-"+id+"-"+nuid.Next())
-	if _, err := s.store.JS.PublishMsg(ctx, msg); err != nil {
+	if err := s.store.RequestAdopt(ctx, id, "adopt-"+id+"-"+nuid.Next()); err != nil {
 		return fmt.Errorf("publish adopt %s: %w", id, err)
 	}
 	return nil

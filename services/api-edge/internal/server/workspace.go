@@ -325,7 +325,7 @@ func (s *Server) resume(c *gin.Context) {
 		s.fail(c, err)
 		return
 	}
-	if _, err := s.store.Checkpoints.Get(ctx, id); err != nil {
+	if _, err := s.store.Checkpoints().Get(ctx, id); err != nil {
 		s.fail(c, contract.Errorf("no_checkpoint", "session '%s' was suspended before any checkpoint existed", id))
 		return
 	}

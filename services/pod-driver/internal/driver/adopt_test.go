@@ -21,11 +21,11 @@ func (e *driverEnv) statusKinds(t *testing.T, id string) []string {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	subject := bus.EventsSubject(id)
-	tail, err := e.store.Events.Tail(ctx, subject)
+	tail, err := e.store.Events().Tail(ctx, subject)
 	if err != nil || tail == 0 {
 		return nil
 	}
-	r, err := e.store.Events.Read(ctx, subject, 0)
+	r, err := e.store.Events().Read(ctx, subject, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

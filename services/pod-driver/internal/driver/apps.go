@@ -260,7 +260,7 @@ func (o *owned) resetChannels(rec session.Record, removed []string) {
 	defer o.pumpMu.Unlock()
 	for _, a := range rec.Apps {
 		if _, ok := o.pumps[a.Name]; !ok && !o.pumpsClosed {
-			o.pumps[a.Name] = iopump.New(o.store.IO, bus.IOSubject(o.id, a.Name), 0, o.log)
+			o.pumps[a.Name] = iopump.New(o.store.IO(), bus.IOSubject(o.id, a.Name), 0, o.log)
 		}
 	}
 	for _, name := range removed {
@@ -268,7 +268,7 @@ func (o *owned) resetChannels(rec session.Record, removed []string) {
 			p.Close()
 			delete(o.pumps, name)
 		}
-		if err := o.store.IO.Purge(context.Background(), bus.IOSubject(o.id, name)); err != nil {
+		if err := o.store.IO().Purge(context.Background(), bus.IOSubject(o.id, name)); err != nil {
 			o.log.Warn("purge removed app channel", "app", name, "err", err)
 		}
 		o.proj.Forget(name)

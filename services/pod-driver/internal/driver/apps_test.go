@@ -226,7 +226,11 @@ func TestAppsChangeFailure(t *testing.T) {
 		e.waitStatus(t, id, contract.StatusRunning)
 		testkit.Eventually(t, 30*time.Second, e.owner(t, id).live, "workload live")
 		// The new workload cannot be built: its bundle is gone.
-		if err := e.store.Bundles.Delete(context.Background(), id); err != nil {
+		bundles, err := e.js.ObjectStore(context.Background(), bus.ObjectBundles)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := bundles.Delete(context.Background(), id); err != nil {
 			t.Fatal(err)
 		}
 		r, err := ctl(e.nc, id, bus.CtlApps, appsChange(t, "web", "admin"), nil, 5*time.Second)

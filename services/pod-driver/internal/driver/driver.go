@@ -70,7 +70,7 @@ func New(o Options) *Driver {
 // Run pulls commands until ctx ends, then stops every owned session and
 // waits for them (nothing is left running after a clean exit).
 func (d *Driver) Run(ctx context.Context) error {
-	cons, err := d.o.Store.JS.Consumer(ctx, bus.StreamCmd, bus.ConsumerDrivers)
+	cons, err := d.o.Store.DriverConsumer(ctx)
 	if err != nil {
 		return fmt.Errorf("open consumer %s: %w", bus.ConsumerDrivers, err)
 	}
@@ -156,7 +156,7 @@ func (d *Driver) stopAll() {
 // claim creates the owner key. It reports false when another driver owns
 // the session.
 func (d *Driver) claim(ctx context.Context, id string) (uint64, bool, error) {
-	rev, err := d.o.Store.Owners.Create(ctx, id, []byte(d.o.ID))
+	rev, err := d.o.Store.ClaimOwner(ctx, id, d.o.ID)
 	if err == nil {
 		return rev, true, nil
 	}

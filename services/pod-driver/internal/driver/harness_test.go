@@ -163,11 +163,11 @@ func (e *driverEnv) ioContains(t *testing.T, id, app, s string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	subject := bus.IOSubject(id, app)
-	tail, err := e.store.IO.Tail(ctx, subject)
+	tail, err := e.store.IO().Tail(ctx, subject)
 	if err != nil || tail == 0 {
 		return false
 	}
-	r, err := e.store.IO.Read(ctx, subject, 0)
+	r, err := e.store.IO().Read(ctx, subject, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,11 +21,15 @@ func TestRenewTakesBackItsOwnKeyAtANewerRevision(t *testing.T) {
 	e.command(t, bus.CmdStartSubject(id), id)
 	e.waitStatus(t, id, contract.StatusRunning)
 	ctx := context.Background()
-	cur, err := e.store.Owners.Get(ctx, id)
+	owners, err := e.js.KeyValue(ctx, bus.BucketOwners)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur, err := owners.Get(ctx, id)
 	if err != nil || string(cur.Value()) != "driver-test" {
 		t.Fatalf("owner key = %v, %v; want driver-test", cur, err)
 	}
-	bumped, err := e.store.Owners.Put(ctx, id, []byte("driver-test"))
+	bumped, err := owners.Put(ctx, id, []byte("driver-test"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +37,7 @@ func TestRenewTakesBackItsOwnKeyAtANewerRevision(t *testing.T) {
 	var last uint64
 	var problem string
 	testkit.Poll(ctx, 3*3*time.Second, func() bool {
-		cur, err := e.store.Owners.Get(ctx, id)
+		cur, err := owners.Get(ctx, id)
 		switch {
 		case err != nil:
 			problem = "owner key after the bump: " + err.Error() + " (the driver stopped renewing it)"

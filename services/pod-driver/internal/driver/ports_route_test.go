@@ -106,7 +106,7 @@ func (e *portsEnv) events(t *testing.T) []string {
 	e.o.flush()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	tail, err := e.store.Events.Tail(ctx, bus.EventsSubject(e.o.id))
+	tail, err := e.store.Events().Tail(ctx, bus.EventsSubject(e.o.id))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func (e *portsEnv) events(t *testing.T) []string {
 	if tail <= e.next {
 		return out
 	}
-	rd, err := e.store.Events.Read(ctx, bus.EventsSubject(e.o.id), e.next)
+	rd, err := e.store.Events().Read(ctx, bus.EventsSubject(e.o.id), e.next)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,10 +2,7 @@ package driver
 
 import (
 	"context"
-	"errors"
 	"slices"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/session"
@@ -39,32 +36,26 @@ func (d *Driver) takeOver(ctx, sessCtx context.Context, names []string) int {
 	if len(names) == 0 {
 		return 0
 	}
-	lister, err := d.o.Store.Owners.ListKeys(ctx)
+	keys, err := d.o.Store.OwnerKeys(ctx)
 	if err != nil {
-		if !errors.Is(err, jetstream.ErrNoKeysFound) {
-			d.log.Warn("list owner keys", "err", err)
-		}
+		d.log.Warn("list owner keys", "err", err)
 		return 0
-	}
-	var keys []string
-	for k := range lister.Keys() {
-		keys = append(keys, k)
 	}
 	n := 0
 	for _, id := range keys {
 		if !contract.ValidSessionID(id) {
 			continue // the supervisor's leader key
 		}
-		e, err := d.o.Store.Owners.Get(ctx, id)
-		if err != nil || !slices.Contains(names, string(e.Value())) {
+		holder, held, err := d.o.Store.Owner(ctx, id)
+		if err != nil || !slices.Contains(names, holder) {
 			continue
 		}
-		rev, err := d.o.Store.Owners.Update(ctx, id, []byte(d.o.ID), e.Revision())
+		rev, err := d.o.Store.RenewOwner(ctx, id, d.o.ID, held)
 		if err != nil {
 			d.log.Info("owner key changed before takeover", "session", id, "err", err)
 			continue
 		}
-		d.log.Info("took over a session of a dead driver", "session", id, "previous", string(e.Value()))
+		d.log.Info("took over a session of a dead driver", "session", id, "previous", holder)
 		n++
 		d.wg.Add(1)
 		go func() {

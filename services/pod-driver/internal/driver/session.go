@@ -147,7 +147,7 @@ func (d *Driver) own(ctx context.Context, c command) {
 	if errors.Is(err, session.ErrNotFound) || rec.Status.Terminal() || rec.Status.Kind == contract.StatusSuspended {
 		c.ack()
 		if c.claimed != 0 { // a stale key of a session with nothing to run
-			_ = store.Owners.Delete(context.Background(), id, jetstream.LastRevision(c.claimed))
+			_ = store.ReleaseOwner(context.Background(), id, c.claimed)
 		}
 		return
 	}
@@ -179,7 +179,7 @@ func (d *Driver) own(ctx context.Context, c command) {
 		}
 	}
 	c.ack()
-	release := func() { _ = store.Owners.Delete(context.Background(), id, jetstream.LastRevision(rev)) }
+	release := func() { _ = store.ReleaseOwner(context.Background(), id, rev) }
 	if rec.UserStopped {
 		if rc, ok := d.o.Backend.(recoverer); ok {
 			rc.ReapSession(id)
@@ -243,7 +243,7 @@ func (o *owned) run(ownerRev uint64) {
 		o.renew(ownerRev)
 	}()
 	for _, a := range o.record().Apps {
-		o.pumps[a.Name] = iopump.New(o.store.IO, bus.IOSubject(o.id, a.Name), 0, o.log)
+		o.pumps[a.Name] = iopump.New(o.store.IO(), bus.IOSubject(o.id, a.Name), 0, o.log)
 	}
 	o.proj = projection.New(ledger{o}, o.emitRun, nil)
 	svc, err := o.serveCtl()
@@ -304,7 +304,7 @@ func (o *owned) run(ownerRev uint64) {
 	}
 	<-renewDone
 	if !o.lost.Load() {
-		_ = o.store.Owners.Delete(context.Background(), o.id, jetstream.LastRevision(o.ownerRev.Load()))
+		_ = o.store.ReleaseOwner(context.Background(), o.id, o.ownerRev.Load())
 	}
 	// Nothing more is written for this session here: what the edge serves
 	// of it later comes from JetStream.
@@ -668,7 +668,7 @@ func (o *owned) renew(rev uint64) {
 			return
 		case <-t.C:
 		}
-		n, err := o.store.Owners.Update(o.ctx, o.id, []byte(o.d.o.ID), rev)
+		n, err := o.store.RenewOwner(o.ctx, o.id, o.d.o.ID, rev)
 		if err == nil {
 			rev = n
 			o.ownerRev.Store(rev)
@@ -709,19 +709,19 @@ func (o *owned) renew(rev uint64) {
 // gone (it expired) it is created again; held by another driver, held
 // names it. err is the bus not answering.
 func (o *owned) reclaim() (rev uint64, held string, err error) {
-	e, err := o.store.Owners.Get(o.ctx, o.id)
+	holder, rev, err := o.store.Owner(o.ctx, o.id)
 	switch {
-	case err == nil && string(e.Value()) == o.d.o.ID:
-		return e.Revision(), "", nil
+	case err == nil && holder == o.d.o.ID:
+		return rev, "", nil
 	case err == nil:
-		return 0, string(e.Value()), nil
+		return 0, holder, nil
 	case !errors.Is(err, jetstream.ErrKeyNotFound):
 		return 0, "", err
 	}
-	rev, err = o.store.Owners.Create(o.ctx, o.id, []byte(o.d.o.ID))
+	rev, err = o.store.ClaimOwner(o.ctx, o.id, o.d.o.ID)
 	if errors.Is(err, jetstream.ErrKeyExists) {
-		if e, gerr := o.store.Owners.Get(o.ctx, o.id); gerr == nil && string(e.Value()) != o.d.o.ID {
-			return 0, string(e.Value()), nil
+		if holder, _, gerr := o.store.Owner(o.ctx, o.id); gerr == nil && holder != o.d.o.ID {
+			return 0, holder, nil
 		}
 	}
 	return rev, "", err

@@ -65,7 +65,7 @@ func TestSessionTakenWhileStoppingIsNotStarted(t *testing.T) {
 	if st := e.status(t, id); st.Kind != contract.StatusStarting {
 		t.Fatalf("status = %+v, want still starting (left for adoption)", st)
 	}
-	if _, err := store.Owners.Get(context.Background(), id); !errors.Is(err, jetstream.ErrKeyNotFound) {
+	if _, _, err := store.Owner(context.Background(), id); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Fatalf("owner key after own() = %v, want none (released for adoption)", err)
 	}
 	if groups, err := lb.Groups(); err != nil || len(groups) != 0 {
