@@ -104,7 +104,6 @@ const (
 	CtlStop    = "stop"
 	CtlStdin   = "stdin"
 	CtlResize  = "resize"
-	CtlReload  = "reload"
 	CtlApps    = "apps"
 	CtlSuspend = "suspend"
 )
