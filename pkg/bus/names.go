@@ -117,6 +117,11 @@ const (
 	WSFreeze     = "freeze" // {"frozen": bool}: the workspace takes no more writes (a suspend's final checkpoint)
 	WSCheckpoint = "checkpoint"
 	WSRestore    = "restore"
+	// Paged operations: each request and reply stays well under the NATS
+	// max payload whatever the size of the file, tree or change set.
+	WSTreePage  = "treepage"  // contract.WSTreePage -> contract.TreePage
+	WSReadRange = "readrange" // contract.WSReadRange -> contract.FileRange
+	WSStage     = "stage"     // contract.WSStage -> contract.StageResult
 )
 
 // Headers.

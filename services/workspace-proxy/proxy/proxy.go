@@ -83,7 +83,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	}); err != nil {
 		return err
 	}
-	p := &proxy{store: store, ckpt: cps, history: cfg.History, log: log, sem: make(chan struct{}, cfg.MaxInFlight), hc: &http.Client{}}
+	p := &proxy{store: store, ckpt: cps, history: cfg.History, log: log, sem: make(chan struct{}, cfg.MaxInFlight), hc: &http.Client{}, maxPayload: d.NC.MaxPayload()}
 	svc, err := micro.AddService(d.NC, micro.Config{
 		Name: bus.ServiceWS, Version: "0.1.0",
 		Description: "Workspace operations of watch sessions",
@@ -110,6 +110,8 @@ type proxy struct {
 	sem     chan struct{}
 	wg      sync.WaitGroup
 	hc      *http.Client
+	// maxPayload is the bus's message bound, which every reply must fit.
+	maxPayload int64
 }
 
 // handle runs each operation on its own goroutine (bounded), so one slow
@@ -130,6 +132,8 @@ func (p *proxy) handle(req micro.Request) {
 				ce = contract.Errorf("workspace_error", "%v", err)
 			}
 			body, _ = json.Marshal(ce)
+		} else if f, ok := result.(framed); ok {
+			body, _ = contract.AppendFrame(map[string]any{"ok": true, "result": f.result}, f.data)
 		} else {
 			body, _ = json.Marshal(map[string]any{"ok": true, "result": result})
 		}
@@ -213,6 +217,8 @@ func (p *proxy) op(ctx context.Context, c *wsclient.Client, id, op string, data 
 			return nil, contract.Errorf("invalid_request", "freeze: want {\"frozen\": true|false}")
 		}
 		return map[string]bool{"frozen": *f.Frozen}, c.Freeze(ctx, *f.Frozen)
+	case bus.WSTreePage, bus.WSReadRange, bus.WSStage:
+		return p.paged(ctx, c, op, data)
 	case bus.WSTouch:
 		var t contract.WSTouch
 		if err := json.Unmarshal(data, &t); err != nil {
@@ -258,6 +264,8 @@ func mapErr(err error) error {
 			return contract.Errorf("invalid_path", "%s", we.Message)
 		case wsclient.CodeFrozen:
 			return contract.Errorf("not_running", "%s", we.Message)
+		case wsclient.CodeFileChanged:
+			return contract.Errorf("file_changed", "%s", we.Message)
 		}
 		return contract.Errorf("workspace_error", "%v", err)
 	}

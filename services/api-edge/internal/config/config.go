@@ -24,6 +24,9 @@ const (
 	DefaultDescription    = "Runs the Telo application in a cloud environment"
 	DefaultTermsTitle     = "Usage agreement"
 	DefaultBodyLimitBytes = 1 << 20
+	// DefaultWorkspaceBodyBytes bounds POST /v1/sessions/:id/workspace:
+	// room for a 20 MB file written base64 (about 27 MB of JSON) and more.
+	DefaultWorkspaceBodyBytes = 64 << 20
 )
 
 // Config is everything the edge reads from its environment.
@@ -35,15 +38,19 @@ type Config struct {
 	ExitTTL           time.Duration // RUNNER_EXIT_TTL_MS: retention of terminal sessions
 	ReplayBufferBytes int64         // RUNNER_REPLAY_BUFFER_BYTES: per-session event and per-app byte buffer cap
 	BodyLimitBytes    int64         // RUNNER_BODY_LIMIT_BYTES: request body limit (our addition)
-	CORS              CORS          // RUNNER_CORS_ORIGINS
-	Terms             *Terms        // RUNNER_TERMS_*; nil when no terms are configured
-	Apps              Catalog       // RUNNER_APPS; empty when unset
-	RegistryURL       string        // TELO_REGISTRY_URL; empty when unset
-	Watch             Watch         // RUNNER_WATCH_*, RUNNER_WORKSPACE_CHECKPOINT_SECONDS
-	DisplayName       string        // RUNNER_DISPLAY_NAME
-	Description       string        // RUNNER_DESCRIPTION
-	Image             string        // RUNNER_IMAGE: default kernel image
-	Pprof             bool          // RUNNER_PPROF: /debug/pprof beside /metrics (off by default)
+	// WorkspaceBodyBytes is RUNNER_WORKSPACE_MAX_BODY_BYTES: the body limit
+	// of POST /v1/sessions/:id/workspace, which alone carries files
+	// (our addition; BodyLimitBytes governs every other route).
+	WorkspaceBodyBytes int64
+	CORS               CORS    // RUNNER_CORS_ORIGINS
+	Terms              *Terms  // RUNNER_TERMS_*; nil when no terms are configured
+	Apps               Catalog // RUNNER_APPS; empty when unset
+	RegistryURL        string  // TELO_REGISTRY_URL; empty when unset
+	Watch              Watch   // RUNNER_WATCH_*, RUNNER_WORKSPACE_CHECKPOINT_SECONDS
+	DisplayName        string  // RUNNER_DISPLAY_NAME
+	Description        string  // RUNNER_DESCRIPTION
+	Image              string  // RUNNER_IMAGE: default kernel image
+	Pprof              bool    // RUNNER_PPROF: /debug/pprof beside /metrics (off by default)
 }
 
 // Watch holds the watch-session settings.
@@ -60,14 +67,15 @@ type Watch struct {
 // Default returns the configuration used when no variable is set.
 func Default() Config {
 	return Config{
-		Port:              DefaultPort,
-		ListenHost:        "0.0.0.0",
-		LogLevel:          slog.LevelInfo,
-		MaxSessions:       32,
-		ExitTTL:           4 * time.Hour,
-		ReplayBufferBytes: 5_000_000,
-		BodyLimitBytes:    DefaultBodyLimitBytes,
-		CORS:              CORS{AnyOrigin: true},
+		Port:               DefaultPort,
+		ListenHost:         "0.0.0.0",
+		LogLevel:           slog.LevelInfo,
+		MaxSessions:        32,
+		ExitTTL:            4 * time.Hour,
+		ReplayBufferBytes:  5_000_000,
+		BodyLimitBytes:     DefaultBodyLimitBytes,
+		WorkspaceBodyBytes: DefaultWorkspaceBodyBytes,
+		CORS:               CORS{AnyOrigin: true},
 		Watch: Watch{
 			Idle:                 300 * time.Second,
 			MaxTTL:               6 * time.Hour,
@@ -125,6 +133,7 @@ func LoadOver(base Config, lookupEnv func(string) (string, bool)) (Config, error
 	p.duration("RUNNER_EXIT_TTL_MS", time.Millisecond, &c.ExitTTL)
 	p.positiveInt64("RUNNER_REPLAY_BUFFER_BYTES", &c.ReplayBufferBytes)
 	p.positiveInt64("RUNNER_BODY_LIMIT_BYTES", &c.BodyLimitBytes)
+	p.positiveInt64("RUNNER_WORKSPACE_MAX_BODY_BYTES", &c.WorkspaceBodyBytes)
 	p.boolean("RUNNER_PPROF", &c.Pprof)
 	if raw := p.str("RUNNER_CORS_ORIGINS"); raw != "" {
 		cors, err := parseCORS(raw)
@@ -184,6 +193,7 @@ func (c Config) Validate() error {
 	check(c.ExitTTL > 0, "RUNNER_EXIT_TTL_MS", "must be positive, got %v", c.ExitTTL)
 	check(c.ReplayBufferBytes > 0, "RUNNER_REPLAY_BUFFER_BYTES", "must be positive, got %d", c.ReplayBufferBytes)
 	check(c.BodyLimitBytes > 0, "RUNNER_BODY_LIMIT_BYTES", "must be positive, got %d", c.BodyLimitBytes)
+	check(c.WorkspaceBodyBytes > 0, "RUNNER_WORKSPACE_MAX_BODY_BYTES", "must be positive, got %d", c.WorkspaceBodyBytes)
 	check(c.CORS.AnyOrigin || len(c.CORS.Origins) > 0, "RUNNER_CORS_ORIGINS", "no origin allowed")
 	if c.Terms != nil {
 		check(c.Terms.Version != "", "RUNNER_TERMS_VERSION", "must not be empty")

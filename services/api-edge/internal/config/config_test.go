@@ -24,14 +24,15 @@ func TestLoadDefaults(t *testing.T) {
 	}
 	// Spelled out from contract section 18 rather than taken from Default().
 	want := Config{
-		Port:              8062,
-		ListenHost:        "0.0.0.0",
-		LogLevel:          slog.LevelInfo,
-		MaxSessions:       32,
-		ExitTTL:           14_400_000 * time.Millisecond,
-		ReplayBufferBytes: 5_000_000,
-		BodyLimitBytes:    1_048_576,
-		CORS:              CORS{AnyOrigin: true},
+		Port:               8062,
+		ListenHost:         "0.0.0.0",
+		LogLevel:           slog.LevelInfo,
+		MaxSessions:        32,
+		ExitTTL:            14_400_000 * time.Millisecond,
+		ReplayBufferBytes:  5_000_000,
+		BodyLimitBytes:     1_048_576,
+		WorkspaceBodyBytes: 67_108_864,
+		CORS:               CORS{AnyOrigin: true},
 		Watch: Watch{
 			Enabled:              false,
 			Idle:                 300 * time.Second,
@@ -73,6 +74,7 @@ func TestLoad(t *testing.T) {
 		{"exit ttl ms", map[string]string{"RUNNER_EXIT_TTL_MS": "1500"}, func(c *Config) { c.ExitTTL = 1500 * time.Millisecond }},
 		{"replay buffer", map[string]string{"RUNNER_REPLAY_BUFFER_BYTES": "1024"}, func(c *Config) { c.ReplayBufferBytes = 1024 }},
 		{"body limit", map[string]string{"RUNNER_BODY_LIMIT_BYTES": "2097152"}, func(c *Config) { c.BodyLimitBytes = 2 << 20 }},
+		{"workspace body limit", map[string]string{"RUNNER_WORKSPACE_MAX_BODY_BYTES": "1000"}, func(c *Config) { c.WorkspaceBodyBytes = 1000 }},
 		{"cors star", map[string]string{"RUNNER_CORS_ORIGINS": "*"}, func(c *Config) {}},
 		{"cors empty", map[string]string{"RUNNER_CORS_ORIGINS": ""}, func(c *Config) {}},
 		{"cors list", map[string]string{"RUNNER_CORS_ORIGINS": " https://a.example ,, https://b.example,"}, func(c *Config) {
@@ -241,6 +243,7 @@ func TestValidate(t *testing.T) {
 		{"exit ttl", func(c *Config) { c.ExitTTL = -time.Second }, "RUNNER_EXIT_TTL_MS"},
 		{"replay", func(c *Config) { c.ReplayBufferBytes = 0 }, "RUNNER_REPLAY_BUFFER_BYTES"},
 		{"body limit", func(c *Config) { c.BodyLimitBytes = 0 }, "RUNNER_BODY_LIMIT_BYTES"},
+		{"workspace body limit", func(c *Config) { c.WorkspaceBodyBytes = -1 }, "RUNNER_WORKSPACE_MAX_BODY_BYTES"},
 		{"cors allows nothing", func(c *Config) { c.CORS = CORS{} }, "RUNNER_CORS_ORIGINS"},
 		{"terms without version", func(c *Config) { c.Terms = &Terms{Title: "t", Body: "b"} }, "RUNNER_TERMS_VERSION"},
 		{"terms without title", func(c *Config) { c.Terms = &Terms{Version: "v", Body: "b"} }, "RUNNER_TERMS_TITLE"},

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -31,7 +32,7 @@ type obj struct {
 
 func parseObject(data []byte, path string) (obj, error) {
 	var v any
-	d := json.NewDecoder(strings.NewReader(string(data)))
+	d := json.NewDecoder(bytes.NewReader(data))
 	d.UseNumber()
 	if err := d.Decode(&v); err != nil {
 		return obj{}, schemaErrf("body is not valid JSON: %v", err)

@@ -194,7 +194,7 @@ func statusOf(code string) int {
 	switch code {
 	case "not_found", "unknown_app", "not_suspended", "file_not_found", "checkpoint_not_found":
 		return http.StatusNotFound
-	case "too_many_sessions", "too_many_watch_sessions", "not_a_watch_session", "not_running", "no_checkpoint":
+	case "too_many_sessions", "too_many_watch_sessions", "not_a_watch_session", "not_running", "no_checkpoint", "file_changed":
 		return http.StatusConflict
 	case "terms_required":
 		return http.StatusPreconditionRequired

@@ -90,32 +90,41 @@ func (s *Server) wsCall(ctx context.Context, id, op string, req, result any) err
 			return err
 		}
 	}
+	_, err := s.wsExchange(ctx, id, op, data, result)
+	return err
+}
+
+// wsExchange sends body to runner-ws, decodes the reply's envelope into
+// result and returns the raw bytes that follow the envelope in a framed
+// reply (contract.SplitFrame; nil for a plain one).
+func (s *Server) wsExchange(ctx context.Context, id, op string, body []byte, result any) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, wsTimeout)
 	defer cancel()
-	reply, err := s.nc.RequestWithContext(ctx, bus.WSSubject(id, op), data)
+	reply, err := s.nc.RequestWithContext(ctx, bus.WSSubject(id, op), body)
 	if err != nil {
 		if errors.Is(err, nats.ErrNoResponders) {
-			return contract.Errorf("workspace_error", "no workspace-proxy is running")
+			return nil, contract.Errorf("workspace_error", "no workspace-proxy is running")
 		}
-		return contract.Errorf("workspace_error", "workspace %s: %v", op, err)
+		return nil, contract.Errorf("workspace_error", "workspace %s: %v", op, err)
 	}
+	head, data := contract.SplitFrame(reply.Data)
 	var ans struct {
 		Error   string          `json:"error"`
 		Message string          `json:"message"`
 		Result  json.RawMessage `json:"result"`
 	}
-	if err := json.Unmarshal(reply.Data, &ans); err != nil {
-		return contract.Errorf("workspace_error", "workspace %s: undecodable reply", op)
+	if err := json.Unmarshal(head, &ans); err != nil {
+		return nil, contract.Errorf("workspace_error", "workspace %s: undecodable reply", op)
 	}
 	if ans.Error != "" {
-		return &contract.Error{Code: ans.Error, Message: ans.Message}
+		return nil, &contract.Error{Code: ans.Error, Message: ans.Message}
 	}
 	if result != nil {
 		if err := json.Unmarshal(ans.Result, result); err != nil {
-			return contract.Errorf("workspace_error", "workspace %s: undecodable result", op)
+			return nil, contract.Errorf("workspace_error", "workspace %s: undecodable result", op)
 		}
 	}
-	return nil
+	return data, nil
 }
 
 // getWorkspace is GET /v1/sessions/:id/workspace (4.8).
@@ -128,25 +137,20 @@ func (s *Server) getWorkspace(c *gin.Context) {
 		s.fail(c, notRunning(rec))
 		return
 	}
-	var tree contract.Tree
-	if err := s.wsCall(c.Request.Context(), rec.ID, bus.WSTree, nil, &tree); err != nil {
-		s.fail(c, err)
-		return
-	}
-	if tree.Files == nil {
-		tree.Files = []contract.TreeFile{}
-	}
-	c.JSON(http.StatusOK, tree)
+	s.streamTree(c, rec.ID)
 }
 
 // postWorkspace is POST /v1/sessions/:id/workspace (4.9): the normalized
 // paths, never the raw ones, reach the workspace (19.17).
 func (s *Server) postWorkspace(c *gin.Context) {
-	data, ok := s.readBody(c)
+	data, ok := s.readWorkspaceBody(c)
 	if !ok {
 		return
 	}
 	cs, err := parseChangeSet(data)
+	if err == nil {
+		err = checkContents(cs)
+	}
 	if err != nil {
 		s.fail(c, err)
 		return
@@ -178,7 +182,7 @@ func (s *Server) postWorkspace(c *gin.Context) {
 		}
 		cs.Delete[i] = p
 	}
-	if err := s.wsCall(c.Request.Context(), rec.ID, bus.WSApply, cs, nil); err != nil {
+	if err := s.forwardChangeSet(c, rec.ID, cs); err != nil {
 		s.fail(c, err)
 		return
 	}
@@ -251,12 +255,7 @@ func (s *Server) getWorkspaceFile(c *gin.Context) {
 		s.fail(c, contract.Errorf("invalid_request", "encoding must be utf8 or base64"))
 		return
 	}
-	var f contract.File
-	if err := s.wsCall(c.Request.Context(), rec.ID, bus.WSRead, contract.WSRead{Path: p, Encoding: enc}, &f); err != nil {
-		s.fail(c, err)
-		return
-	}
-	c.JSON(http.StatusOK, f)
+	s.streamFile(c, rec.ID, p, enc)
 }
 
 // reload is POST /v1/sessions/:id/reload[?app=] (4.11): the targets'

@@ -15,6 +15,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -67,6 +68,9 @@ type WriteOp struct {
 	Content  string `json:"content"`
 	Encoding string `json:"encoding,omitempty"`
 	Mode     uint32 `json:"mode,omitempty"`
+	// Staged names an upload (Stage) holding the content; Content is then
+	// ignored and the upload is renamed into place whole.
+	Staged string `json:"staged,omitempty"`
 }
 
 // ApplyResult counts the operations of an applied ChangeSet.
@@ -297,4 +301,115 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return string([]rune(s)[:n])
+}
+
+// TreePage is one page of the tree: the files sorted after after, at most
+// limit and about bytes of JSON (0: the server's defaults), and whether
+// more follow.
+func (c *Client) TreePage(ctx context.Context, after string, limit, bytes int) (TreePage, error) {
+	q := url.Values{}
+	if after != "" {
+		q.Set("after", after)
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	if bytes > 0 {
+		q.Set("bytes", strconv.Itoa(bytes))
+	}
+	var p TreePage
+	err := c.doJSON(ctx, http.MethodGet, "/workspace/treepage", q, nil, &p)
+	if p.Files == nil {
+		p.Files = []TreeFile{}
+	}
+	return p, err
+}
+
+// TreePage is one page of a tree listing.
+type TreePage struct {
+	Files []TreeFile `json:"files"`
+	More  bool       `json:"more"`
+}
+
+// Range is length bytes of a file from offset (fewer at its end) with
+// the whole file's size and version stamp.
+type Range struct {
+	Data  []byte
+	Size  int64
+	Stamp string
+}
+
+// CodeFileChanged is the server's answer to a range read during which
+// the file changed.
+const CodeFileChanged = "file_changed"
+
+// ReadRange reads length bytes of path from offset.
+func (c *Client) ReadRange(ctx context.Context, path string, offset int64, length int) (Range, error) {
+	q := url.Values{"path": {path}, "offset": {strconv.FormatInt(offset, 10)}, "length": {strconv.Itoa(length)}}
+	var r Range
+	hdr, data, err := c.doRaw(ctx, http.MethodGet, "/workspace/range", q, nil)
+	if err != nil {
+		return r, err
+	}
+	r.Data, r.Stamp = data, hdr.Get("Workspace-Stamp")
+	r.Size, err = strconv.ParseInt(hdr.Get("Workspace-Size"), 10, 64)
+	if err != nil || r.Stamp == "" {
+		return r, fmt.Errorf("workspace GET /workspace/range: answer without size or stamp")
+	}
+	return r, nil
+}
+
+// Stage writes data at offset of upload id, the staged content of path,
+// and returns the upload's size.
+func (c *Client) Stage(ctx context.Context, id, path string, offset int64, data []byte) (int64, error) {
+	q := url.Values{"upload": {id}, "path": {path}, "offset": {strconv.FormatInt(offset, 10)}}
+	_, body, err := c.doRaw(ctx, http.MethodPost, "/workspace/stage", q, data)
+	if err != nil {
+		return 0, err
+	}
+	var r struct {
+		Size int64 `json:"size"`
+	}
+	if err := json.Unmarshal(body, &r); err != nil {
+		return 0, fmt.Errorf("workspace POST /workspace/stage: decode answer: %w", err)
+	}
+	return r.Size, nil
+}
+
+// Discard drops upload id.
+func (c *Client) Discard(ctx context.Context, id string) error {
+	_, _, err := c.doRaw(ctx, http.MethodDelete, "/workspace/stage", url.Values{"upload": {id}}, nil)
+	return err
+}
+
+// doRaw sends one request with a raw body (nil: none) and returns the
+// headers and body of a 2xx answer, or an *Error.
+func (c *Client) doRaw(ctx context.Context, method, p string, q url.Values, in []byte) (http.Header, []byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	target := p + "?" + q.Encode()
+	var body io.Reader
+	if in != nil {
+		body = bytes.NewReader(in)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+target, body)
+	if err != nil {
+		return nil, nil, fmt.Errorf("workspace %s %s: %w", method, p, err)
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/octet-stream")
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, nil, fmt.Errorf("workspace %s %s: %w", method, p, err)
+	}
+	defer func() { _ = resp.Body.Close() }() // Fully read or abandoned.
+	if resp.StatusCode/100 != 2 {
+		return nil, nil, newError(method, target, resp)
+	}
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, nil, fmt.Errorf("workspace %s %s: read answer: %w", method, p, err)
+	}
+	return resp.Header, data, nil
 }

@@ -28,6 +28,10 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /workspace/node/{hash}", s.handle(s.getNode))
 	s.mux.HandleFunc("POST /workspace/touch", s.handle(s.writing(s.postTouch)))
 	s.mux.HandleFunc("POST /workspace/freeze", s.handle(s.postFreeze))
+	s.mux.HandleFunc("GET /workspace/treepage", s.handle(s.getTreePage))
+	s.mux.HandleFunc("GET /workspace/range", s.handle(s.getRange))
+	s.mux.HandleFunc("POST /workspace/stage", s.handle(s.writing(s.postStage)))
+	s.mux.HandleFunc("DELETE /workspace/stage", s.handle(s.deleteStage))
 }
 
 // handle adapts a handler that reports failure by returning an error.
@@ -115,16 +119,19 @@ type changeSet struct {
 		Content  *string `json:"content"`
 		Encoding string  `json:"encoding"`
 		Mode     *uint32 `json:"mode"`
+		// Staged names an upload (stage.go) holding the content.
+		Staged string `json:"staged"`
 	} `json:"write"`
 	Delete []*string `json:"delete"`
 }
 
-// write is one validated write: normalized path, decoded bytes and the
-// mode asked for (nil: keep or default).
+// write is one validated write: normalized path, decoded bytes (or the
+// upload holding them) and the mode asked for (nil: keep or default).
 type write struct {
-	path string
-	data []byte
-	mode *fs.FileMode
+	path   string
+	data   []byte
+	mode   *fs.FileMode
+	staged string
 }
 
 // postApply validates the whole change set first (so a bad path or body
@@ -137,6 +144,28 @@ func (s *Server) postApply(w http.ResponseWriter, r *http.Request) error {
 	}
 	writes := make([]write, len(cs.Write))
 	for i, op := range cs.Write {
+		var mode *fs.FileMode
+		if op.Mode != nil {
+			if *op.Mode > merkle.MaxMode {
+				return badRequest(fmt.Sprintf("write[%d]: mode %o: only permission bits (at most 0777)", i, *op.Mode))
+			}
+			m := fs.FileMode(*op.Mode)
+			mode = &m
+		}
+		if op.Staged != "" {
+			if op.Path == nil || (op.Content != nil && *op.Content != "") {
+				return badRequest(fmt.Sprintf("write[%d]: a staged write has a path and no content", i))
+			}
+			p, err := normalize(*op.Path)
+			if err != nil {
+				return err
+			}
+			if err := s.checkStaged(op.Staged, p); err != nil {
+				return err
+			}
+			writes[i] = write{path: p, staged: op.Staged, mode: mode}
+			continue
+		}
 		if op.Path == nil || op.Content == nil {
 			return badRequest(fmt.Sprintf("write[%d]: path and content are required", i))
 		}
@@ -148,14 +177,7 @@ func (s *Server) postApply(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return badRequest(fmt.Sprintf("write[%d]: %v", i, err))
 		}
-		writes[i] = write{path: p, data: data}
-		if op.Mode != nil {
-			if *op.Mode > merkle.MaxMode {
-				return badRequest(fmt.Sprintf("write[%d]: mode %o: only permission bits (at most 0777)", i, *op.Mode))
-			}
-			m := fs.FileMode(*op.Mode)
-			writes[i].mode = &m
-		}
+		writes[i] = write{path: p, data: data, mode: mode}
 	}
 	deletes := make([]string, len(cs.Delete))
 	for i, d := range cs.Delete {
@@ -170,9 +192,12 @@ func (s *Server) postApply(w http.ResponseWriter, r *http.Request) error {
 	}
 	for _, wr := range writes {
 		var err error
-		if wr.mode != nil {
+		switch {
+		case wr.staged != "":
+			err = s.commitStaged(wr.path, wr.staged, wr.mode)
+		case wr.mode != nil:
 			err = s.writeMode(wr.path, wr.data, *wr.mode)
-		} else {
+		default:
 			err = s.writeAtomic(wr.path, wr.data)
 		}
 		if err != nil {

@@ -89,6 +89,9 @@ type Server struct {
 	// before its final checkpoint, so no write lands after it unseen.
 	writes sync.RWMutex
 	frozen bool
+
+	// uploads are the staged writes (stage.go).
+	uploads uploads
 }
 
 // New opens opts.Dir as an os.Root and returns the server. Close releases
@@ -133,7 +136,9 @@ func (s *Server) Close() error { return s.root.Close() }
 
 // ServeHTTP dispatches to the routes of contract 9.2 plus
 // GET /workspace/blob/{hash}, GET /workspace/node[/{hash}] (tree nodes),
-// POST /workspace/touch and GET /healthz.
+// POST /workspace/touch, GET /healthz, and the paged routes
+// GET /workspace/treepage, GET /workspace/range and
+// POST|DELETE /workspace/stage.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
 // Serve answers on ln until ctx ends, then stops accepting, lets in-flight
