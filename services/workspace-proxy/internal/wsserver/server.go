@@ -13,8 +13,9 @@
 // path does not normalize, or names something the filesystem refuses as
 // too long), 400 invalid_request (body or query fails its schema; nothing
 // of the request is applied), 404 file_not_found (no regular file there,
-// or no listed file with that hash), 413 payload_too_large (body over
-// 64 MiB), and 500 with unsafe_path (a symbolic link in the way),
+// or no listed file with that hash), 409 file_changed (a range read
+// during which the file changed), 409 workspace_frozen (a write while
+// frozen), 413 payload_too_large (body over 64 MiB), and 500 with unsafe_path (a symbolic link in the way),
 // write_failed, delete_failed, read_failed or walk_failed.
 package wsserver
 
