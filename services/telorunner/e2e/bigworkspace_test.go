@@ -220,7 +220,20 @@ func TestWorkspaceLargeFiles(t *testing.T) {
 	readBack("assets/five.bin", five)
 
 	twenty := randomBytes(20<<20, 20)
-	write("assets/twenty.bin", twenty)
+	body, _ := json.Marshal(map[string]any{"write": []map[string]any{{"path": "assets/twenty.bin", "content": base64.StdEncoding.EncodeToString(twenty), "encoding": "base64"}}})
+	stopWrite := heapPeak()
+	start := time.Now()
+	if resp := do(t, "POST", base, body, nil); resp.Status != http.StatusOK || string(resp.Body) != `{"written":1,"deleted":0}` {
+		t.Fatalf("POST 20 MB = %d %s, want 200 {\"written\":1,\"deleted\":0}", resp.Status, resp.Body)
+	}
+	wlive, winuse := stopWrite()
+	t.Logf("wrote 20 MB (a %d MB body) in %v; peak growth of the all-in-one's heap: live %.1f MiB, in use %.1f MiB",
+		len(body)>>20, time.Since(start).Round(time.Millisecond), float64(wlive)/(1<<20), float64(winuse)/(1<<20))
+	// A write is bounded by its body (decoded whole at the edge), not constant.
+	if wlive > 5*int64(len(body)) {
+		t.Errorf("live heap grew by %d MiB writing a %d MiB body, want at most 5 times the body", wlive>>20, len(body)>>20)
+	}
+	body = nil
 	readBack("assets/twenty.bin", twenty)
 	twenty = nil
 
@@ -243,7 +256,7 @@ func TestWorkspaceLargeFiles(t *testing.T) {
 	}
 	fifty = nil
 	stop := heapPeak()
-	start := time.Now()
+	start = time.Now()
 	sum, n, size, err := readFileStreaming(t, base+"/file?path=fifty.bin&encoding=base64", nil)
 	live, inuse := stop()
 	if err != nil || sum != fiftySum || n != 50<<20 || size != 50<<20 {

@@ -8,6 +8,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // The reference validates request bodies with JSON-Schema defaults that
@@ -79,7 +80,7 @@ func (o obj) str(key string, required bool, minLen int) (string, bool, error) {
 	default:
 		return "", false, schemaErrf("%s/%s must be string", o.path, key)
 	}
-	if len([]rune(s)) < minLen {
+	if utf8.RuneCountInString(s) < minLen { // no copy: contents may be megabytes
 		return "", false, schemaErrf("%s/%s must NOT have fewer than %d characters", o.path, key, minLen)
 	}
 	return s, true, nil
