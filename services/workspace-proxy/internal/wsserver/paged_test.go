@@ -204,4 +204,15 @@ func TestStage(t *testing.T) {
 	if left := tempFiles(t, dir); len(left) != 0 {
 		t.Fatalf("temporary files after Discard: %v", left)
 	}
+	// A staged write takes the mode its change set asks for.
+	const id3 = "1111222233334444"
+	if _, err := f.c.Stage(ctx, id3, "bin/tool", 0, []byte("#!/bin/sh\n")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.c.Apply(ctx, wsclient.ChangeSet{Write: []wsclient.WriteOp{{Path: "bin/tool", Staged: id3, Mode: 0o750}}}); err != nil {
+		t.Fatalf("Apply(staged, mode 0750) = %v", err)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "bin", "tool")); err != nil || fi.Mode().Perm() != 0o750 {
+		t.Fatalf("bin/tool mode = %v (%v), want 0750", fi.Mode(), err)
+	}
 }
