@@ -22,6 +22,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/telorunner/telorunner/pkg/testkit"
 )
 
 // startBigWorkspace starts a watch session and returns its id and its
@@ -183,11 +185,20 @@ func heapPeak() (stop func() (live, inuse int64)) {
 // file at any time; and a file replaced during a paged read cuts the
 // response instead of answering a mix of two versions.
 func TestWorkspaceLargeFiles(t *testing.T) {
-	// No periodic checkpoint: it would read the same files in this process
-	// and blur what the read path holds.
+	// No periodic checkpoint during the test: it reads the same files in
+	// this process and would blur what the read path holds. The
+	// supervisor takes a session's first checkpoint at its first tick:
+	// wait for it, the next is an hour away.
 	r := watchRunner(t, map[string]string{"RUNNER_WORKSPACE_CHECKPOINT_SECONDS": "3600"})
 	id, ws := startBigWorkspace(t, r)
 	base := r.URL + "/v1/sessions/" + id + "/workspace"
+	testkit.Eventually(t, 60*time.Second, func() bool {
+		var list struct {
+			Checkpoints []json.RawMessage `json:"checkpoints"`
+		}
+		do(t, "GET", r.URL+"/v1/sessions/"+id+"/checkpoints", nil, nil).json(t, &list)
+		return len(list.Checkpoints) > 0
+	}, "the session's first checkpoint")
 
 	write := func(path string, data []byte) {
 		t.Helper()
