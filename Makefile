@@ -98,7 +98,7 @@ lint: $(TOOLS)/golangci-lint ## golangci-lint v2 (installed into .tools at a pin
 $(TOOLS)/golangci-lint:
 	GOBIN=$(TOOLS) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_VERSION)
 
-bench: kube-bins ## benchmarks, each figure with the samples it rests on (n=) and only the percentiles they support; baselines where docs/architecture.md (Benchmarks) names one; the Kubernetes ones on the real API server
+bench: kube-bins ## benchmarks, each figure with the samples it rests on (n=) and only the percentiles they support; baselines where docs/design/performance.md (Benchmarks) names one; the Kubernetes ones on the real API server
 	cd bench && TELORUNNER_KUBE_BIN=$(KUBE_BIN) GOWORK=off $(GO) test -count=1 -timeout 90m -run 'TestPrint' -v -bench . -benchtime=3x ./...
 
 bench-peer: build ## telorunner beside the reference runner (../shared/peer; npm registry needed): peerload io, sse, create against both, ratios ours ÷ reference, JSON under bench/out/

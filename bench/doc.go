@@ -5,7 +5,7 @@
 // rests on (n=), and a percentile only when its samples support it
 // (stats_test.go). Only some benchmarks have a baseline measured in the
 // same run (the checkpoint's reference snapshot, the reconnect storm's
-// previous reader, create at 10 retained sessions); docs/architecture.md
+// previous reader, create at 10 retained sessions); docs/design/performance.md
 // (Benchmarks) lists which.
 //
 //	go test -run TestPrintCheckpointBytes -v ./...   # the table

@@ -4,7 +4,7 @@
 // over a 3-node NATS JetStream cluster, an editor-shaped client keeping
 // watch sessions busy, and kill -9 of each process kind in turn, then of one
 // NATS node, then of everything at once. After each fault it checks what the
-// editor would notice (docs/architecture.md, "Chaos suite").
+// editor would notice (docs/design/testing.md, "Chaos suite").
 //
 // The suite needs the binaries: TELORUNNER_BIN (the repository's bin/, from
 // `make build`) and TELORUNNER_NATS_SERVER (a nats-server binary, from
