@@ -3,6 +3,7 @@ package kernelwire
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -11,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -140,6 +142,7 @@ type SeedStats struct {
 	Fetched       int           // distinct blobs fetched from the seed's source
 	FetchedBytes  int64         // their bytes
 	FromWorkspace int           // distinct blobs read back from the workspace, which held them
+	Staged        int           // paths staged in chunks (larger than StageAbove)
 	Bytes         int64         // content bytes written
 	ChangeSets    int           // change sets posted
 	Fetch         time.Duration // time spent in fetches, summed (they overlap)
@@ -319,7 +322,7 @@ func (c WorkspaceClient) Seed(ctx context.Context, s Seed, opts SeedOptions) (Se
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var fetchNS, postNS atomic.Int64
-	var fetched, fetchedBytes, fromWS, written, sets, bytesW atomic.Int64
+	var fetched, fetchedBytes, fromWS, written, sets, bytesW, staged atomic.Int64
 
 	post := func(cs []seedWrite) error {
 		t0 := time.Now()
@@ -436,6 +439,17 @@ func (c WorkspaceClient) Seed(ctx context.Context, s Seed, opts SeedOptions) (Se
 		}
 		for _, it := range fb.g.paths {
 			w := seedWrite{w: Write{Path: it.path, Encoding: "base64", Mode: it.mode}, raw: fb.data}
+			if len(fb.data) > StageAbove {
+				// Too large for one request (or worth not holding twice):
+				// staged in chunks, committed whole by its change set.
+				id, err := c.stage(ctx, it.path, fb.data)
+				if err != nil {
+					cancel(err)
+					break
+				}
+				staged.Add(1)
+				w = seedWrite{w: Write{Path: it.path, Encoding: "utf8", Mode: it.mode, Staged: id}}
+			}
 			if last[it.path] {
 				final = append(final, w)
 				continue
@@ -454,6 +468,7 @@ func (c WorkspaceClient) Seed(ctx context.Context, s Seed, opts SeedOptions) (Se
 	close(setCh)
 	posters.Wait()
 	st.Fetched, st.FetchedBytes, st.FromWorkspace = int(fetched.Load()), fetchedBytes.Load(), int(fromWS.Load())
+	st.Staged = int(staged.Load())
 	collect := func() {
 		st.Written, st.ChangeSets, st.Bytes = int(written.Load()), int(sets.Load()), bytesW.Load()
 		st.Fetch, st.Post, st.Took = time.Duration(fetchNS.Load()), time.Duration(postNS.Load()), time.Since(start)
@@ -520,6 +535,34 @@ func (o SeedOptions) withDefaults() SeedOptions {
 func units(size int64, limit int) int {
 	total := max(1, limit/budgetUnit)
 	return int(min(max(1, (size+budgetUnit-1)/budgetUnit), int64(total)))
+}
+
+// A file of more than StageAbove bytes is staged in chunks of StageChunk
+// (POST /workspace/stage) and committed by name in its change set, so no
+// request carries it whole and a file larger than the request limit seeds.
+const (
+	StageAbove = 16 << 20
+	StageChunk = 8 << 20
+)
+
+// stage uploads data for path in chunks and returns the upload's id.
+func (c WorkspaceClient) stage(ctx context.Context, path string, data []byte) (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	id := hex.EncodeToString(b[:])
+	for off := 0; ; off += StageChunk {
+		end := min(off+StageChunk, len(data))
+		q := url.Values{"upload": {id}, "path": {path}, "offset": {strconv.Itoa(off)}}
+		var ans struct{ Size int64 }
+		if err := c.doJSON(ctx, http.MethodPost, "/workspace/stage?"+q.Encode(), data[off:end], &ans); err != nil {
+			return "", fmt.Errorf("stage %s: %w", path, err)
+		}
+		if end == len(data) {
+			return id, nil
+		}
+	}
 }
 
 // errStopped is a packer's output refusing a change set (the seed was

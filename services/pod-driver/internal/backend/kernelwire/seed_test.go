@@ -500,3 +500,43 @@ func keys(m map[string][]byte) []string {
 	}
 	return out
 }
+
+// A file whose base64 is larger than one workspace server request (70 MiB
+// → 93 MiB encoded, over the 64 MiB limit) is staged in chunks and
+// committed whole with its mode: it seeds, byte-exact, and no request
+// carries it.
+func TestSeedStagesAFileOverTheRequestLimit(t *testing.T) {
+	ws := startWorkspace(t)
+	rnd := rand.New(rand.NewPCG(9, 10))
+	src := newBlobs()
+	big := randomBytes(rnd, 70<<20)
+	small := []byte("kind: Telo.Application\nmetadata:\n  name: web\n")
+	files := []backend.RestoreFile{
+		{Path: "assets/big.bin", Hash: src.put(big), Size: int64(len(big)), Mode: 0o755},
+		{Path: "telo.yaml", Hash: src.put(small), Size: int64(len(small))},
+	}
+	seed, err := RestoreSeed(backend.Restore{Files: files, Fetch: src.fetch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := ws.c.Seed(t.Context(), seed, SeedOptions{Last: []string{"telo.yaml"}})
+	if err != nil {
+		t.Fatalf("Seed() = %v", err)
+	}
+	if st.Staged != 1 {
+		t.Fatalf("staged %d files, want 1", st.Staged)
+	}
+	got := ws.tree(t)
+	if !bytes.Equal(got["assets/big.bin"], big) || !bytes.Equal(got["telo.yaml"], small) {
+		t.Fatalf("tree after the seed: big.bin %d bytes, telo.yaml %q; want %d identical bytes and the manifest", len(got["assets/big.bin"]), got["telo.yaml"], len(big))
+	}
+	fi, err := os.Stat(filepath.Join(ws.dir, "assets", "big.bin"))
+	if err != nil || fi.Mode().Perm() != 0o755 {
+		t.Fatalf("big.bin: %v, %v; want mode 0755", fi, err)
+	}
+	for _, p := range ws.spy.posts {
+		if p.size > 2*StageChunk {
+			t.Fatalf("a change set of %d bytes: the big file travelled in a request", p.size)
+		}
+	}
+}

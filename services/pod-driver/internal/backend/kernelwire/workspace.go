@@ -49,6 +49,10 @@ type Write struct {
 	// new file gets the server's default, a rewritten one keeps its
 	// mode): the workspace server's optional per-write "mode".
 	Mode uint32 `json:"mode,omitempty"`
+	// Staged names an upload holding the content (POST /workspace/stage):
+	// a file too large for one request is staged in chunks and committed
+	// whole by this write.
+	Staged string `json:"staged,omitempty"`
 }
 
 // ChangeSet is the body of POST /workspace.

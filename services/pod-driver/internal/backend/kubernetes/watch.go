@@ -96,7 +96,7 @@ func (b *Backend) startWatch(ctx context.Context, spec backend.Spec, sink backen
 	if err != nil {
 		return nil, fail("seed workspace: " + err.Error())
 	}
-	b.log.Info("workspace seeded", "session", spec.SessionID, "files", st.Files, "written", st.Written, "unchanged", st.Unchanged,
+	b.log.Info("workspace seeded", "session", spec.SessionID, "files", st.Files, "written", st.Written, "staged", st.Staged, "unchanged", st.Unchanged,
 		"fetched", st.Fetched, "fetchedBytes", st.FetchedBytes, "fromWorkspace", st.FromWorkspace,
 		"bytes", st.Bytes, "changeSets", st.ChangeSets, "fetch", st.Fetch, "post", st.Post, "took", st.Took)
 

@@ -623,7 +623,7 @@ func entries(apps []backend.App) []string {
 
 // logSeed logs what a seed did (its timing breakdown included).
 func logSeed(log *slog.Logger, st kernelwire.SeedStats) {
-	log.Info("workspace seeded", "files", st.Files, "written", st.Written, "unchanged", st.Unchanged,
+	log.Info("workspace seeded", "files", st.Files, "written", st.Written, "staged", st.Staged, "unchanged", st.Unchanged,
 		"fetched", st.Fetched, "fetchedBytes", st.FetchedBytes, "fromWorkspace", st.FromWorkspace,
 		"bytes", st.Bytes, "changeSets", st.ChangeSets, "fetch", st.Fetch, "post", st.Post, "took", st.Took)
 }
