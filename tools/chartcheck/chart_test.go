@@ -107,7 +107,7 @@ var installs = []install{
 			replicas: map[string]int64{"api-edge": 2, "pod-driver": 1, "supervisor": 1, "workspace-proxy": 1},
 			env: map[string]map[string]string{
 				"api-edge": {"LOG_LEVEL": "info", "LOG_FORMAT": "json", "RUNNER_MAX_SESSIONS": "32", "RUNNER_WATCH_SESSIONS": "false",
-					"RUNNER_BODY_LIMIT_BYTES": "1048576", "RUNNER_EXIT_TTL_MS": "14400000", "RUNNER_WATCH_IDLE_SECONDS": "300",
+					"RUNNER_BODY_LIMIT_BYTES": "1048576", "RUNNER_WORKSPACE_MAX_BODY_BYTES": "67108864", "RUNNER_EXIT_TTL_MS": "14400000", "RUNNER_WATCH_IDLE_SECONDS": "300",
 					"RUNNER_WATCH_MAX_SESSIONS": "8", "RUNNER_WATCH_RELOAD_LIMIT": "30", "RUNNER_WATCH_SUSPENDED_TTL_SECONDS": "86400",
 					"RUNNER_WORKSPACE_CHECKPOINT_SECONDS": "30", "TELO_REGISTRY_URL": "", "RUNNER_REPLAY_BUFFER_BYTES": "5000000"},
 				"pod-driver": {
@@ -136,7 +136,7 @@ var installs = []install{
 			replicas: map[string]int64{"api-edge": 3, "pod-driver": 2, "supervisor": 2, "workspace-proxy": 2},
 			env: map[string]map[string]string{
 				"api-edge": {"LOG_LEVEL": "debug", "LOG_FORMAT": "text", "RUNNER_MAX_SESSIONS": "64", "RUNNER_CORS_ORIGINS": "https://editor.example.com",
-					"RUNNER_BODY_LIMIT_BYTES": "4194304", "RUNNER_WATCH_SESSIONS": "true", "RUNNER_WATCH_MAX_SESSIONS": "16",
+					"RUNNER_BODY_LIMIT_BYTES": "4194304", "RUNNER_WORKSPACE_MAX_BODY_BYTES": "134217728", "RUNNER_WATCH_SESSIONS": "true", "RUNNER_WATCH_MAX_SESSIONS": "16",
 					"RUNNER_WATCH_RELOAD_LIMIT": "60", "RUNNER_WATCH_IDLE_SECONDS": "600", "RUNNER_WATCH_SUSPENDED_TTL_SECONDS": "172800",
 					"RUNNER_WORKSPACE_CHECKPOINT_SECONDS": "15", "RUNNER_WATCH_MAX_TTL_SECONDS": "2592000", "RUNNER_EXIT_TTL_MS": "3600000",
 					"RUNNER_REPLAY_BUFFER_BYTES": "10000000", "TELO_REGISTRY_URL": "https://registry.example.com/telo-modules",
