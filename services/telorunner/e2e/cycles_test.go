@@ -116,22 +116,7 @@ func TestSuspendLosesNoAcknowledgedWrite(t *testing.T) {
 		t.Fatalf("resume = %d %s", resp.Status, resp.Body)
 	}
 	waitStatus(t, r, id, "running", 60*time.Second)
-	var doc struct {
-		Files []struct {
-			Path string `json:"path"`
-		} `json:"files"`
-	}
-	do(t, "GET", r.URL+"/v1/sessions/"+id+"/workspace", nil, nil).json(t, &doc)
-	have := map[string]bool{}
-	for _, f := range doc.Files {
-		have[f.Path] = true
-	}
-	var lost []string
-	for _, p := range acked {
-		if !have[p] {
-			lost = append(lost, p)
-		}
-	}
+	lost := missingFromTree(t, r, id, acked)
 	if len(lost) > 0 {
 		t.Fatalf("%d of %d acknowledged writes lost to the suspend (first %s); %d writes refused", len(lost), len(acked), lost[0], refused)
 	}
@@ -196,6 +181,16 @@ writing:
 	if resp := <-done; resp.Status != 202 {
 		t.Fatalf("PUT apps = %d %s", resp.Status, resp.Body)
 	}
+	lost := missingFromTree(t, r, id, acked)
+	if len(lost) > 0 {
+		t.Fatalf("%d of %d acknowledged writes lost to the app-set change (first %s); %d refused", len(lost), len(acked), lost[0], refused)
+	}
+	t.Logf("%d writes acknowledged and kept, %d refused while the app set changed", len(acked), refused)
+}
+
+// missingFromTree is the paths of want the session's workspace tree lacks.
+func missingFromTree(t *testing.T, r *runner, id string, want []string) []string {
+	t.Helper()
 	var doc struct {
 		Files []struct {
 			Path string `json:"path"`
@@ -207,13 +202,10 @@ writing:
 		have[f.Path] = true
 	}
 	var lost []string
-	for _, p := range acked {
+	for _, p := range want {
 		if !have[p] {
 			lost = append(lost, p)
 		}
 	}
-	if len(lost) > 0 {
-		t.Fatalf("%d of %d acknowledged writes lost to the app-set change (first %s); %d refused", len(lost), len(acked), lost[0], refused)
-	}
-	t.Logf("%d writes acknowledged and kept, %d refused while the app set changed", len(acked), refused)
+	return lost
 }
