@@ -36,7 +36,7 @@ const (
 	// ship exactly these.
 	roleFile = "../../deploy/kubernetes/role.yaml"
 	// buildRoleFile is the one place the driver's build-namespace Role
-	// rules live (all but reading the push Secret, which the chart adds).
+	// rules live (the chart narrows its secrets rule to the push Secret).
 	buildRoleFile = "../../deploy/kubernetes/build-role.yaml"
 	// permsFile maps each bus role to its NATS permissions block.
 	permsFile = chartDir + "/files/nats-permissions.json"
@@ -131,7 +131,7 @@ var installs = []install{
 					"RUNNER_MAX_CPU": "50m", "RUNNER_APP_MAX_MEMORY": "512Mi", "SESSION_INGRESS_BASE_DOMAIN": "",
 					"RUNNER_RUN_START_DEADLINE_SECONDS": "120", "RUNNER_WATCH_START_DEADLINE_SECONDS": "180",
 					"RUNNER_WORKSPACE_READY_SECONDS": "120", "RUNNER_RELAY_RETRY_MS": "500", "RUNNER_WORK_DIR": "/tmp/sessions",
-					"RUNNER_BUILD_NAMESPACE": "telo-builds", "RUNNER_IMAGE_REPOSITORY": "", "RUNNER_BUILDER": "layer", "RUNNER_BUILDER_IMAGE": "",
+					"RUNNER_BUILD_NAMESPACE": "telo-builds", "RUNNER_IMAGE_REPOSITORY": "", "RUNNER_BUILDER": "layer", "RUNNER_INIT_IMAGE": "",
 					"RUNNER_BUILD_TIMEOUT_SECONDS": "600", "RUNNER_REGISTRY_API_URL": "", "RUNNER_REGISTRY_INSECURE": "false",
 					"RUNNER_REGISTRY_PUSH_SECRET": "", "RUNNER_IMAGE_PULL_SECRET": "",
 				},
@@ -182,7 +182,7 @@ var installs = []install{
 					"RUNNER_RUN_START_DEADLINE_SECONDS": "240", "RUNNER_WATCH_START_DEADLINE_SECONDS": "360",
 					"RUNNER_WORKSPACE_READY_SECONDS": "240", "RUNNER_RELAY_RETRY_MS": "1000",
 					"RUNNER_BUILD_NAMESPACE": "custom-builds", "RUNNER_IMAGE_REPOSITORY": "registry.example.com/telo/apps",
-					"RUNNER_BUILDER": "kaniko", "RUNNER_BUILDER_IMAGE": "registry.example.com/kaniko:1",
+					"RUNNER_BUILDER": "kaniko", "RUNNER_BUILDER_IMAGE": "registry.example.com/kaniko:1", "RUNNER_INIT_IMAGE": "registry.example.com/busybox:1",
 					"RUNNER_BUILD_TIMEOUT_SECONDS": "1800000", "RUNNER_REGISTRY_API_URL": "https://registry.example.com",
 					"RUNNER_REGISTRY_INSECURE": "true", "RUNNER_REGISTRY_PUSH_SECRET": "push",
 				},
@@ -563,6 +563,11 @@ func checkObjects(f failer, ch *chart.Chart, objs []*unstructured.Unstructured, 
 			wantEnv["RUNNER_MANAGED_BY"] = w.managedBy
 			wantEnv["RUNNER_IMAGE"] = w.kernelImage
 			wantEnv["RUNNER_WORKSPACE_IMAGE"] = workspaceImage
+			// The layer builder's push container is the chart's own
+			// telo-layer image unless build.builderImage names one.
+			if _, ok := w.env[c]["RUNNER_BUILDER_IMAGE"]; !ok {
+				wantEnv["RUNNER_BUILDER_IMAGE"] = w.imagePrefix + "telo-layer:" + tag
+			}
 			// The driver creates RUNNER_WORK_DIR at boot whatever the
 			// backend (driver.Run); unset it is .telorunner/sessions under
 			// the image's working directory, on the read-only root.
@@ -646,8 +651,8 @@ func checkObjects(f failer, ch *chart.Chart, objs []*unstructured.Unstructured, 
 }
 
 // buildRules are the rules of the driver's Role in the build namespace
-// for in: buildRoleFile's, plus `secrets get` of the push Secret alone when
-// one is configured.
+// for in: buildRoleFile's, its rule on secrets narrowed to the push Secret
+// by name, or dropped when none is configured.
 func buildRules(f failer, in install) []any {
 	f.Helper()
 	data, err := os.ReadFile(buildRoleFile)
@@ -660,10 +665,20 @@ func buildRules(f failer, in install) []any {
 		f.Errorf("%s: %v, %d rules", buildRoleFile, err, len(rules))
 		return nil
 	}
-	if s := in.want.pushSecret; s != "" {
-		rules = append(slices.Clone(rules), map[string]any{"apiGroups": []any{""}, "resources": []any{"secrets"}, "resourceNames": []any{s}, "verbs": []any{"get"}})
+	var out []any
+	for _, r := range rules {
+		rule, _ := r.(map[string]any)
+		if !slices.Contains(rule["resources"].([]any), any("secrets")) {
+			out = append(out, r)
+			continue
+		}
+		if s := in.want.pushSecret; s != "" {
+			named := maps.Clone(rule)
+			named["resourceNames"] = []any{s}
+			out = append(out, named)
+		}
 	}
-	return rules
+	return out
 }
 
 // checkBuild asserts the build namespace (11.11, 11.16, 11.17): labelled
@@ -1231,11 +1246,14 @@ func TestChecksCatchBrokenCharts(t *testing.T) {
 			return strings.Replace(s, `verbs: ["get", "create", "update", "list", "delete"]`, `verbs: ["get", "create", "update", "list"]`, 1)
 		}, "Role rules differ", 0},
 		{"build rule dropped", "files/build-role.yaml", func(s string) string {
-			return strings.Replace(s, `verbs: ["get"]`, `verbs: []`, 1)
+			return strings.Replace(s, `verbs: ["get", "create", "update", "delete"]`, `verbs: ["get", "create", "update"]`, 1)
 		}, "build Role rules differ", 0},
 		{"every secret readable in the build namespace", "templates/buildrole.yaml", func(s string) string {
-			return strings.Replace(s, `"resourceNames" (list .) `, "", 1)
+			return strings.Replace(s, `"resourceNames" (list $push) `, "", 1)
 		}, "build Role rules differ", 1},
+		{"secrets rule kept without a push secret", "templates/buildrole.yaml", func(s string) string {
+			return strings.Replace(s, "{{- if $push -}}", "{{- if true -}}", 1)
+		}, "build Role rules differ", 0},
 		{"build binding to the wrong namespace", "templates/buildrole.yaml", func(s string) string {
 			return strings.Replace(s, "namespace: {{ .Release.Namespace }}", "namespace: {{ $b.namespace }}", 1)
 		}, "build RoleBinding", 0},
