@@ -185,6 +185,7 @@ func BenchmarkDriverFailover(b *testing.B) {
 		failover(b, map[string]string{
 			"RUNNER_BACKEND": "kubernetes", "KUBECONFIG": env.KubeconfigPath(env.Driver), "RUNNER_SESSION_NAMESPACE": env.Namespace,
 			"RUNNER_WORKSPACE_IMAGE": "telorunner/workspace-server:bench", "SESSION_INGRESS_BASE_DOMAIN": "bench.test",
+			"RUNNER_BASE_IMAGE_CATALOG_ENABLED": "false", // hermetic: no Docker Hub at boot
 		})
 	})
 }

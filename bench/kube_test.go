@@ -29,6 +29,7 @@ func BenchmarkKubeWatchSession(b *testing.B) {
 		"RUNNER_WATCH_SESSIONS": "true", "RUNNER_BACKEND": "kubernetes",
 		"KUBECONFIG": env.KubeconfigPath(env.Driver), "RUNNER_SESSION_NAMESPACE": env.Namespace,
 		"RUNNER_WORKSPACE_IMAGE": "telorunner/workspace-server:bench", "SESSION_INGRESS_BASE_DOMAIN": "bench.test",
+		"RUNNER_BASE_IMAGE_CATALOG_ENABLED": "false", // hermetic: no Docker Hub at boot
 	})
 	man := "kind: Telo.Application\nmetadata:\n  name: kube\n"
 	body := map[string]any{

@@ -79,7 +79,7 @@ func startServiceRig(tb testing.TB, extra map[string][]string) *memRig {
 		switch s {
 		case "api-edge": // its ops routes are on its own port
 			host, port, _ := net.SplitHostPort(addr)
-			env = append(env, "RUNNER_LISTEN_HOST="+host, "PORT="+port)
+			env = append(env, "RUNNER_LISTEN_HOST="+host, "PORT="+port, "RUNNER_BASE_IMAGE_CATALOG_ENABLED=false") // local backend
 			r.base = "http://" + addr
 		default:
 			env = append(env, "RUNNER_OPS_ADDR="+addr)

@@ -285,6 +285,7 @@ func newSystem(t *testing.T, bins binaries) *system {
 		"RUNNER_OWNER_TTL_MS=" + fmt.Sprint(ownerTTL.Milliseconds()),
 		"LOG_LEVEL=info", "LOG_FORMAT=text",
 		"RUNNER_WATCH_SESSIONS=true",
+		"RUNNER_BASE_IMAGE_CATALOG_ENABLED=false", // local backend: no base images, no Docker Hub
 		"RUNNER_WORK_DIR=" + s.workDir,
 		"RUNNER_EXIT_TTL_MS=" + fmt.Sprint(exitTTL.Milliseconds()),
 		"RUNNER_WATCH_IDLE_SECONDS=3600",

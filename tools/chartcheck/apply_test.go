@@ -254,7 +254,7 @@ func TestChartOnAPIServer(t *testing.T) {
 
 			// Namespaces the release's namespaced objects land in must
 			// exist before a dry run can place anything there.
-			for _, ns := range []string{in.namespace, in.want.sessionNS} {
+			for _, ns := range []string{in.namespace, in.want.sessionNS, in.want.buildNS} {
 				if err := c.ensureNamespace(ctx, ns); err != nil {
 					t.Fatalf("create namespace %s: %v", ns, err)
 				}
@@ -278,7 +278,14 @@ func TestChartOnAPIServer(t *testing.T) {
 			sa := in.release + "-pod-driver"
 			pollCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			defer cancel()
-			for _, a := range grants(t, rules, in.want.sessionNS) {
+			granted := grants(t, rules, in.want.sessionNS)
+			for _, a := range grants(t, buildRules(t, in), in.want.buildNS) {
+				if a.Resource == "secrets" {
+					a.Name = in.want.pushSecret // granted by name only
+				}
+				granted = append(granted, a)
+			}
+			for _, a := range granted {
 				var last error
 				err := wait.PollUntilContextCancel(pollCtx, 25*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 					ok, err := c.allowed(ctx, in.namespace, sa, a)
@@ -295,6 +302,13 @@ func TestChartOnAPIServer(t *testing.T) {
 				{Namespace: in.want.sessionNS, Verb: "get", Resource: "secrets"},
 				{Namespace: in.want.sessionNS, Verb: "create", Resource: "pods", Subresource: "exec"},
 				{Namespace: in.want.sessionNS, Verb: "patch", Resource: "pods"},
+				// The build namespace: Jobs make the pods; no exec; no
+				// Secret but the push Secret, by name.
+				{Namespace: in.want.buildNS, Verb: "create", Resource: "pods"},
+				{Namespace: in.want.buildNS, Verb: "create", Resource: "pods", Subresource: "exec"},
+				{Namespace: in.want.buildNS, Verb: "list", Resource: "secrets"},
+				{Namespace: in.want.buildNS, Verb: "get", Resource: "secrets", Name: "not-the-push-secret"},
+				{Namespace: in.want.buildNS, Verb: "update", Resource: "jobs", Group: "batch"},
 				{Namespace: in.namespace, Verb: "create", Resource: "pods"},
 				{Verb: "list", Resource: "pods"},
 			} {

@@ -35,6 +35,9 @@ const (
 	// roleFile is the one place the driver's Role rules live; the chart must
 	// ship exactly these.
 	roleFile = "../../deploy/kubernetes/role.yaml"
+	// buildRoleFile is the one place the driver's build-namespace Role
+	// rules live (the chart narrows its secrets rule to the push Secret).
+	buildRoleFile = "../../deploy/kubernetes/build-role.yaml"
 	// permsFile maps each bus role to its NATS permissions block.
 	permsFile = chartDir + "/files/nats-permissions.json"
 	// fullValues overrides every value of the chart (the "overrides"
@@ -89,6 +92,14 @@ type want struct {
 	// extraNATSClients: NATS client peers besides the runner's pods.
 	extraNATSClients []any
 	noPDB            bool
+	// The build namespace (contract 11.11, 11.16, 11.17): its name, whether
+	// the chart creates it, the push Secret the driver may read ("" = none),
+	// the build pods' policy (off, or the CIDRs it blocks).
+	buildNS       string
+	createBuildNS bool
+	pushSecret    string
+	noBuildPolicy bool
+	buildBlocked  []any
 	// env the containers must carry besides the above, by component;
 	// "secret:<name>/<key>" is a value from a Secret.
 	env map[string]map[string]string
@@ -104,9 +115,14 @@ var installs = []install{
 			imagePrefix: "ghcr.io/telorunner/", pullPolicy: "IfNotPresent", natsReplicas: 3, streamReplicas: "3", syncAlways: true,
 			credSecret: "telo-nats-credentials", dnsNS: "kube-system", blockedCIDRs: defaultBlocked,
 			kernelImage: "telorun/node:latest-slim", apiEdgePort: 8080, opsPort: 9090,
+			buildNS: "telo-builds", createBuildNS: true, buildBlocked: []any{"169.254.169.254/32"},
 			replicas: map[string]int64{"api-edge": 2, "pod-driver": 1, "supervisor": 1, "workspace-proxy": 1},
 			env: map[string]map[string]string{
-				"api-edge": {"LOG_LEVEL": "info", "LOG_FORMAT": "json", "RUNNER_MAX_SESSIONS": "32", "RUNNER_WATCH_SESSIONS": "false",
+				"api-edge": {"RUNNER_BASE_IMAGE_CATALOG_ENABLED": "true", "RUNNER_BASE_IMAGE_REPO": "telorun/node",
+					"RUNNER_BASE_IMAGE_PINNED_ONLY": "true", "RUNNER_BASE_IMAGE_EXCLUDE_SHA": "true", "RUNNER_BASE_IMAGE_EXCLUDE_PRERELEASE": "true",
+					"RUNNER_BASE_IMAGE_INCLUDE": "", "RUNNER_BASE_IMAGE_EXCLUDE": "", "RUNNER_BASE_IMAGE_LIMIT": "20",
+					"RUNNER_BASE_IMAGE_REFRESH_SECONDS": "3600", "RUNNER_BASE_IMAGE_API_URL": "",
+					"LOG_LEVEL": "info", "LOG_FORMAT": "json", "RUNNER_MAX_SESSIONS": "32", "RUNNER_WATCH_SESSIONS": "false",
 					"RUNNER_BODY_LIMIT_BYTES": "1048576", "RUNNER_WORKSPACE_MAX_BODY_BYTES": "67108864", "RUNNER_EXIT_TTL_MS": "14400000", "RUNNER_WATCH_IDLE_SECONDS": "300",
 					"RUNNER_WATCH_MAX_SESSIONS": "8", "RUNNER_WATCH_RELOAD_LIMIT": "30", "RUNNER_WATCH_SUSPENDED_TTL_SECONDS": "86400",
 					"RUNNER_WORKSPACE_CHECKPOINT_SECONDS": "30", "TELO_REGISTRY_URL": "", "RUNNER_REPLAY_BUFFER_BYTES": "5000000"},
@@ -115,6 +131,9 @@ var installs = []install{
 					"RUNNER_MAX_CPU": "50m", "RUNNER_APP_MAX_MEMORY": "512Mi", "SESSION_INGRESS_BASE_DOMAIN": "",
 					"RUNNER_RUN_START_DEADLINE_SECONDS": "120", "RUNNER_WATCH_START_DEADLINE_SECONDS": "180",
 					"RUNNER_WORKSPACE_READY_SECONDS": "120", "RUNNER_RELAY_RETRY_MS": "500", "RUNNER_WORK_DIR": "/tmp/sessions",
+					"RUNNER_BUILD_NAMESPACE": "telo-builds", "RUNNER_IMAGE_REPOSITORY": "", "RUNNER_BUILDER": "layer", "RUNNER_INIT_IMAGE": "",
+					"RUNNER_BUILD_TIMEOUT_SECONDS": "600", "RUNNER_REGISTRY_API_URL": "", "RUNNER_REGISTRY_INSECURE": "false",
+					"RUNNER_REGISTRY_PUSH_SECRET": "", "RUNNER_IMAGE_PULL_SECRET": "",
 				},
 				"supervisor":      {"RUNNER_EXIT_TTL_MS": "14400000", "RUNNER_WATCH_IDLE_SECONDS": "300", "RUNNER_OWNER_TTL_MS": "15000"},
 				"workspace-proxy": {"RUNNER_OWNER_TTL_MS": "15000"},
@@ -129,6 +148,7 @@ var installs = []install{
 			credSecret: "bus-credentials", secrets: []string{"bus-credentials", "edge-apps", "edge-terms"},
 			kernelImage: "registry.example.com/kernel:9", workspaceImage: "registry.example.com/ws:7",
 			apiEdgePort: 9090, opsPort: 9191, pprof: true, ingressNS: "ingress-nginx", dnsNS: "dns-system",
+			buildNS: "custom-builds", createBuildNS: true, pushSecret: "push", buildBlocked: []any{"169.254.169.254/32", "10.0.0.0/8"},
 			blockedCIDRs: append(slices.Clone(defaultBlocked), "198.18.0.0/15"),
 			extraNATSClients: []any{map[string]any{
 				"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": "audit"}},
@@ -141,7 +161,11 @@ var installs = []install{
 					"RUNNER_WORKSPACE_CHECKPOINT_SECONDS": "15", "RUNNER_WATCH_MAX_TTL_SECONDS": "2592000", "RUNNER_EXIT_TTL_MS": "3600000",
 					"RUNNER_REPLAY_BUFFER_BYTES": "10000000", "TELO_REGISTRY_URL": "https://registry.example.com/telo-modules",
 					"RUNNER_APPS": "secret:edge-apps/catalog.json", "RUNNER_TERMS_TITLE": "Terms of use", "RUNNER_TERMS_VERSION": "2026-12",
-					"RUNNER_TERMS_FILE": "/etc/telorunner/terms/agreement.md"},
+					"RUNNER_TERMS_FILE":                 "/etc/telorunner/terms/agreement.md",
+					"RUNNER_BASE_IMAGE_CATALOG_ENABLED": "false", "RUNNER_BASE_IMAGE_REPO": "acme/kernel",
+					"RUNNER_BASE_IMAGE_PINNED_ONLY": "false", "RUNNER_BASE_IMAGE_EXCLUDE_SHA": "false", "RUNNER_BASE_IMAGE_EXCLUDE_PRERELEASE": "false",
+					"RUNNER_BASE_IMAGE_INCLUDE": "-slim$", "RUNNER_BASE_IMAGE_EXCLUDE": `^0\.`, "RUNNER_BASE_IMAGE_LIMIT": "5",
+					"RUNNER_BASE_IMAGE_REFRESH_SECONDS": "1209600", "RUNNER_BASE_IMAGE_API_URL": "https://hub-mirror.example.com"},
 				"supervisor": {"LOG_LEVEL": "debug", "RUNNER_EXIT_TTL_MS": "3600000", "RUNNER_OWNER_TTL_MS": "30000", "RUNNER_WATCH_IDLE_SECONDS": "600",
 					"RUNNER_WATCH_SUSPENDED_TTL_SECONDS": "172800", "RUNNER_WORKSPACE_CHECKPOINT_SECONDS": "15"},
 				"pod-driver": {
@@ -157,6 +181,10 @@ var installs = []install{
 					"RUNNER_DATA_DIR": "/tmp/data", "RUNNER_WORK_DIR": "/tmp/work", "RUNNER_DRIVER_ID": "driver-a", "RUNNER_OWNER_TTL_MS": "30000",
 					"RUNNER_RUN_START_DEADLINE_SECONDS": "240", "RUNNER_WATCH_START_DEADLINE_SECONDS": "360",
 					"RUNNER_WORKSPACE_READY_SECONDS": "240", "RUNNER_RELAY_RETRY_MS": "1000",
+					"RUNNER_BUILD_NAMESPACE": "custom-builds", "RUNNER_IMAGE_REPOSITORY": "registry.example.com/telo/apps",
+					"RUNNER_BUILDER": "kaniko", "RUNNER_BUILDER_IMAGE": "registry.example.com/kaniko:1", "RUNNER_INIT_IMAGE": "registry.example.com/busybox:1",
+					"RUNNER_BUILD_TIMEOUT_SECONDS": "1800000", "RUNNER_REGISTRY_API_URL": "https://registry.example.com",
+					"RUNNER_REGISTRY_INSECURE": "true", "RUNNER_REGISTRY_PUSH_SECRET": "push",
 				},
 			},
 		},
@@ -171,6 +199,7 @@ createSessionNamespace: false
 sessionNetworkPolicy: {enabled: false}
 natsNetworkPolicy: {enabled: false}
 sessionQuota: {enabled: false}
+build: {createNamespace: false, networkPolicy: {enabled: false}}
 nats: {url: "nats://nats.shared.svc:4222"}
 auth: {secretName: shared-bus}
 apps: {existingSecret: catalog, secretKey: apps}
@@ -181,7 +210,7 @@ supervisor: {pdb: {enabled: false}}
 workspaceProxy: {pdb: {enabled: false}}
 `,
 		want: want{
-			noSessionGuards: true, noPDB: true,
+			noSessionGuards: true, noPDB: true, buildNS: "telo-builds", noBuildPolicy: true,
 			sessionNS: "telo-sessions", managedBy: "telo-k8s-runner", natsURL: "nats://nats.shared.svc:4222", streamReplicas: "1",
 			imagePrefix: "ghcr.io/telorunner/", pullPolicy: "IfNotPresent", credSecret: "shared-bus",
 			kernelImage: "telorun/node:latest-slim", apiEdgePort: 8080, opsPort: 9090,
@@ -380,6 +409,13 @@ func checkObjects(f failer, ch *chart.Chart, objs []*unstructured.Unstructured, 
 	if w.createSessionNS {
 		wantKeys = append(wantKeys, key("Namespace", "", w.sessionNS))
 	}
+	wantKeys = append(wantKeys, key("Role", w.buildNS, rel+"-driver-build"), key("RoleBinding", w.buildNS, rel+"-driver-build"))
+	if w.createBuildNS {
+		wantKeys = append(wantKeys, key("Namespace", "", w.buildNS))
+	}
+	if !w.noBuildPolicy {
+		wantKeys = append(wantKeys, key("NetworkPolicy", w.buildNS, rel+"-builds"))
+	}
 	if !w.noSessionGuards {
 		wantKeys = append(wantKeys, key("NetworkPolicy", w.sessionNS, rel+"-sessions"), key("ResourceQuota", w.sessionNS, rel+"-sessions"))
 	}
@@ -429,6 +465,8 @@ func checkObjects(f failer, ch *chart.Chart, objs []*unstructured.Unstructured, 
 		}
 	}
 	checkSessionGuards(f, in, get("NetworkPolicy", w.sessionNS, rel+"-sessions"), get("ResourceQuota", w.sessionNS, rel+"-sessions"))
+	checkBuild(f, in, get("Namespace", "", w.buildNS), get("Role", w.buildNS, rel+"-driver-build"),
+		get("RoleBinding", w.buildNS, rel+"-driver-build"), get("NetworkPolicy", w.buildNS, rel+"-builds"))
 	if rb := get("RoleBinding", w.sessionNS, rel+"-driver"); rb != nil {
 		wantRef := map[string]any{"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": rel + "-driver"}
 		if got := rb.Object["roleRef"]; !reflect.DeepEqual(got, any(wantRef)) {
@@ -525,6 +563,11 @@ func checkObjects(f failer, ch *chart.Chart, objs []*unstructured.Unstructured, 
 			wantEnv["RUNNER_MANAGED_BY"] = w.managedBy
 			wantEnv["RUNNER_IMAGE"] = w.kernelImage
 			wantEnv["RUNNER_WORKSPACE_IMAGE"] = workspaceImage
+			// The layer builder's push container is the chart's own
+			// telo-layer image unless build.builderImage names one.
+			if _, ok := w.env[c]["RUNNER_BUILDER_IMAGE"]; !ok {
+				wantEnv["RUNNER_BUILDER_IMAGE"] = w.imagePrefix + "telo-layer:" + tag
+			}
 			// The driver creates RUNNER_WORK_DIR at boot whatever the
 			// backend (driver.Run); unset it is .telorunner/sessions under
 			// the image's working directory, on the read-only root.
@@ -604,6 +647,83 @@ func checkObjects(f failer, ch *chart.Chart, objs []*unstructured.Unstructured, 
 			}
 		}
 		checkNATSPolicy(f, in, get("NetworkPolicy", "", rel+"-nats"), sts, clients)
+	}
+}
+
+// buildRules are the rules of the driver's Role in the build namespace
+// for in: buildRoleFile's, its rule on secrets narrowed to the push Secret
+// by name, or dropped when none is configured.
+func buildRules(f failer, in install) []any {
+	f.Helper()
+	data, err := os.ReadFile(buildRoleFile)
+	var role map[string]any
+	if err == nil {
+		err = sigsyaml.UnmarshalStrict(data, &role)
+	}
+	rules, _ := role["rules"].([]any)
+	if err != nil || len(rules) == 0 {
+		f.Errorf("%s: %v, %d rules", buildRoleFile, err, len(rules))
+		return nil
+	}
+	var out []any
+	for _, r := range rules {
+		rule, _ := r.(map[string]any)
+		if !slices.Contains(rule["resources"].([]any), any("secrets")) {
+			out = append(out, r)
+			continue
+		}
+		if s := in.want.pushSecret; s != "" {
+			named := maps.Clone(rule)
+			named["resourceNames"] = []any{s}
+			out = append(out, named)
+		}
+	}
+	return out
+}
+
+// checkBuild asserts the build namespace (11.11, 11.16, 11.17): labelled
+// Pod Security baseline when the chart creates it; the driver's Role there
+// has exactly buildRules (so no secret but the push Secret, by name);
+// the binding gives it to the driver's ServiceAccount; the build pods'
+// policy selects every pod, admits no ingress, and blocks the configured
+// CIDRs (the metadata IP by default) on egress.
+func checkBuild(f failer, in install, ns, role, rb, np *unstructured.Unstructured) {
+	f.Helper()
+	w := in.want
+	if ns != nil {
+		if l := ns.GetLabels(); l["pod-security.kubernetes.io/enforce"] != "baseline" {
+			f.Errorf("%s: build namespace labels %v, want Pod Security baseline enforced (11.17)", in.name, l)
+		}
+	}
+	if role != nil {
+		want := buildRules(f, in)
+		if got := role.Object["rules"]; !reflect.DeepEqual(got, any(want)) {
+			f.Errorf("%s: build Role rules differ from %s (+ the push Secret by name):\n got %s\nwant %s", in.name, buildRoleFile, yamlOf(got), yamlOf(want))
+		}
+	}
+	if rb != nil {
+		wantRef := map[string]any{"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": in.release + "-driver-build"}
+		wantSubj := []any{map[string]any{"kind": "ServiceAccount", "name": in.release + "-pod-driver", "namespace": in.namespace}}
+		if !reflect.DeepEqual(rb.Object["roleRef"], any(wantRef)) || !reflect.DeepEqual(rb.Object["subjects"], any(wantSubj)) {
+			f.Errorf("%s: build RoleBinding roleRef %s subjects %s, want %s bound to %s", in.name, yamlOf(rb.Object["roleRef"]), yamlOf(rb.Object["subjects"]), yamlOf(wantRef), yamlOf(wantSubj))
+		}
+	}
+	if np != nil {
+		sel, _, _ := unstructured.NestedMap(np.Object, "spec", "podSelector")
+		types, _, _ := unstructured.NestedStringSlice(np.Object, "spec", "policyTypes")
+		ingress, _, _ := unstructured.NestedSlice(np.Object, "spec", "ingress")
+		if len(sel) != 0 || !slices.Contains(types, "Ingress") || !slices.Contains(types, "Egress") || len(ingress) != 0 {
+			f.Errorf("%s: build NetworkPolicy podSelector %v policyTypes %v ingress %v, want every pod, both types, no ingress", in.name, sel, types, ingress)
+		}
+		var blocked []any
+		for _, p := range egressPeers(np) {
+			if ip, ok := p["ipBlock"].(map[string]any); ok {
+				blocked, _ = ip["except"].([]any)
+			}
+		}
+		if !reflect.DeepEqual(blocked, w.buildBlocked) {
+			f.Errorf("%s: build NetworkPolicy blocks %v, want %v", in.name, blocked, w.buildBlocked)
+		}
 	}
 }
 
@@ -1125,6 +1245,30 @@ func TestChecksCatchBrokenCharts(t *testing.T) {
 		{"rule dropped", "files/role.yaml", func(s string) string {
 			return strings.Replace(s, `verbs: ["get", "create", "update", "list", "delete"]`, `verbs: ["get", "create", "update", "list"]`, 1)
 		}, "Role rules differ", 0},
+		{"build rule dropped", "files/build-role.yaml", func(s string) string {
+			return strings.Replace(s, `verbs: ["get", "create", "update", "delete"]`, `verbs: ["get", "create", "update"]`, 1)
+		}, "build Role rules differ", 0},
+		{"every secret readable in the build namespace", "templates/buildrole.yaml", func(s string) string {
+			return strings.Replace(s, `"resourceNames" (list $push) `, "", 1)
+		}, "build Role rules differ", 1},
+		{"secrets rule kept without a push secret", "templates/buildrole.yaml", func(s string) string {
+			return strings.Replace(s, "{{- if $push -}}", "{{- if true -}}", 1)
+		}, "build Role rules differ", 0},
+		{"build binding to the wrong namespace", "templates/buildrole.yaml", func(s string) string {
+			return strings.Replace(s, "namespace: {{ .Release.Namespace }}", "namespace: {{ $b.namespace }}", 1)
+		}, "build RoleBinding", 0},
+		{"build namespace restricted", "templates/buildrole.yaml", func(s string) string {
+			return strings.Replace(s, "enforce: baseline", "enforce: privileged", 1)
+		}, "Pod Security baseline", 0},
+		{"build egress to the metadata IP", "templates/buildrole.yaml", func(s string) string {
+			return strings.Replace(s, "except: {{- toYaml . | nindent 14 }}", "", 1)
+		}, "build NetworkPolicy blocks", 0},
+		{"driver without the build namespace", "templates/services.yaml", func(s string) string {
+			return strings.Replace(s, "- {name: RUNNER_BUILD_NAMESPACE, value: {{ .build.namespace | quote }}}", "", 1)
+		}, "pod-driver env RUNNER_BUILD_NAMESPACE", 0},
+		{"edge without the menu switch", "templates/services.yaml", func(s string) string {
+			return strings.Replace(s, "- {name: RUNNER_BASE_IMAGE_CATALOG_ENABLED, value: {{ .enabled | toString | quote }}}", "", 1)
+		}, "api-edge env RUNNER_BASE_IMAGE_CATALOG_ENABLED", 1},
 		{"service account renamed", "templates/serviceaccount.yaml", func(s string) string {
 			return strings.Replace(s, "-pod-driver", "-driver-sa", 1)
 		}, "pod-driver runs as ServiceAccount", 0},

@@ -22,6 +22,8 @@ var keptInFull = []string{
 	"sessionNetworkPolicy.enabled", // the session policy
 	"natsNetworkPolicy.enabled",    // the NATS policy
 	"sessionQuota.enabled",         // the quota
+	"build.createNamespace",        // the build Namespace object
+	"build.networkPolicy.enabled",  // the build policy
 	"nats.pdb.enabled", "apiEdge.pdb.enabled", "podDriver.pdb.enabled", "supervisor.pdb.enabled", "workspaceProxy.pdb.enabled",
 	"apps.existingSecret",  // the chart creates the catalog Secret from apps.catalog
 	"terms.existingSecret", // and the terms Secret from terms.body

@@ -20,6 +20,7 @@ import (
 	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/obs"
 	"github.com/telorunner/telorunner/pkg/session"
+	"github.com/telorunner/telorunner/services/api-edge/internal/baseimage"
 	"github.com/telorunner/telorunner/services/api-edge/internal/config"
 	"github.com/telorunner/telorunner/services/api-edge/internal/server"
 )
@@ -67,6 +68,30 @@ type Deps struct {
 	Now func() time.Time
 }
 
+// bootMenu builds the base-image menu (contract 11.12) and fills it once
+// before the edge listens; a failed first fetch is a warning and leaves
+// the default image alone. Nil when the catalog is disabled.
+func bootMenu(ctx context.Context, cfg Config, log *slog.Logger) (*baseimage.Menu, error) {
+	b := cfg.BaseImages
+	if !b.Enabled {
+		return nil, nil
+	}
+	menu, err := baseimage.New(baseimage.Options{
+		Default: cfg.Image, Repo: b.Repo, APIURL: b.APIURL, Refresh: b.Refresh, Logger: log,
+		Filter: baseimage.Filter{PinnedOnly: b.PinnedOnly, ExcludeSHA: b.ExcludeSHA, ExcludePrerelease: b.ExcludePrerelease,
+			Include: b.Include, Exclude: b.Exclude, Limit: b.Limit},
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := menu.Refresh(ctx); err != nil {
+		log.Warn("base-image menu unavailable at boot; offering the default image only", "err", err)
+	} else {
+		log.Info("base-image menu loaded", "images", len(menu.Images()))
+	}
+	return menu, nil
+}
+
 // Run serves /v1 until ctx ends, then shuts down gracefully.
 func Run(ctx context.Context, cfg Config, d Deps) error {
 	if err := cfg.Validate(); err != nil {
@@ -100,7 +125,19 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	}
 	srvCtx, cancelStreams := context.WithCancel(context.Background())
 	defer cancelStreams()
-	api := server.New(srvCtx, server.Options{Config: cfg, NC: d.NC, Store: store, Logger: log, Registry: reg, EdgeID: edgeID, Now: d.Now})
+	menu, err := bootMenu(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	api := server.New(srvCtx, server.Options{Config: cfg, NC: d.NC, Store: store, Logger: log, Registry: reg, EdgeID: edgeID, Now: d.Now, Menu: menu})
+	menuDone := make(chan struct{})
+	go func() {
+		defer close(menuDone)
+		if menu != nil {
+			menu.Run(srvCtx)
+		}
+	}()
+	defer func() { cancelStreams(); <-menuDone }()
 
 	mux := http.NewServeMux()
 	obs.Mount(mux, reg, func() error {

@@ -95,6 +95,10 @@ func LoadConfig(lookup func(string) (string, bool)) (Config, error) {
 		// is neither advertised nor accepted (an advertised app or agent
 		// must start).
 		c.Edge.Apps, c.LocalUnrunnable = c.Edge.Apps.Keep(func(a edge.App) bool { return driver.LocalCanRun(a.Image) })
+		// Nor does it run base images: the menu (contract 11.12, a
+		// Kubernetes runner feature) would offer choices that change
+		// nothing, so config.image stays the default alone.
+		c.Edge.BaseImages.Enabled = false
 	}
 	return c, nil
 }

@@ -68,6 +68,9 @@ func startKube(t *testing.T) *kubeCluster {
 		"RUNNER_WORKSPACE_IMAGE":      kubeWorkspaceImage,
 		"SESSION_INGRESS_BASE_DOMAIN": kubeDomain,
 		"RUNNER_WATCH_SESSIONS":       "true",
+		// Hermetic: the base-image menu would ask Docker Hub at boot
+		// (its tests run against a fake tag API in services/api-edge/edge).
+		"RUNNER_BASE_IMAGE_CATALOG_ENABLED": "false",
 	}}
 }
 

@@ -24,6 +24,7 @@ func startEdge(t *testing.T, r *runner, vars map[string]string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg.BaseImages.Enabled = false // the local backend runs no base images (as the all-in-one)
 	nc := r.connect(t, bus.RoleEdge)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

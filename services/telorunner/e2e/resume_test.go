@@ -34,6 +34,7 @@ func startEdgeReplica(t *testing.T, r *runner, id string, vars map[string]string
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg.BaseImages.Enabled = false // the local backend runs no base images (as the all-in-one)
 	nc := r.connect(t, bus.RoleEdge)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -50,7 +50,10 @@ type Config struct {
 	DisplayName        string  // RUNNER_DISPLAY_NAME
 	Description        string  // RUNNER_DESCRIPTION
 	Image              string  // RUNNER_IMAGE: default kernel image
-	Pprof              bool    // RUNNER_PPROF: /debug/pprof beside /metrics (off by default)
+	// BaseImages is the base-image menu (RUNNER_BASE_IMAGE_*, 11.12): the
+	// images config.image may name besides Image.
+	BaseImages BaseImages
+	Pprof      bool // RUNNER_PPROF: /debug/pprof beside /metrics (off by default)
 }
 
 // Watch holds the watch-session settings.
@@ -87,6 +90,7 @@ func Default() Config {
 		DisplayName: DefaultDisplayName,
 		Description: DefaultDescription,
 		Image:       DefaultImage,
+		BaseImages:  DefaultBaseImages(),
 	}
 }
 
@@ -167,6 +171,7 @@ func LoadOver(base Config, lookupEnv func(string) (string, bool)) (Config, error
 	p.text("RUNNER_DISPLAY_NAME", &c.DisplayName)
 	p.text("RUNNER_DESCRIPTION", &c.Description)
 	p.text("RUNNER_IMAGE", &c.Image)
+	p.baseImages(&c.BaseImages)
 
 	if len(p.errs) > 0 {
 		return Config{}, errors.Join(p.errs...)
@@ -208,5 +213,6 @@ func (c Config) Validate() error {
 	check(c.DisplayName != "", "RUNNER_DISPLAY_NAME", "must not be empty")
 	check(c.Description != "", "RUNNER_DESCRIPTION", "must not be empty")
 	check(c.Image != "", "RUNNER_IMAGE", "must not be empty")
+	c.BaseImages.validate(check)
 	return errors.Join(errs...)
 }

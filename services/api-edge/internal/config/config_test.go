@@ -45,6 +45,10 @@ func TestLoadDefaults(t *testing.T) {
 		DisplayName: "Telo Runner",
 		Description: "Runs the Telo application in a cloud environment",
 		Image:       "telorun/node:latest-slim",
+		BaseImages: BaseImages{
+			Enabled: true, Repo: "telorun/node", PinnedOnly: true, ExcludeSHA: true, ExcludePrerelease: true,
+			Limit: 20, Refresh: 3600 * time.Second, APIURL: "https://hub.docker.com",
+		},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Load(empty) = %+v, want %+v", got, want)
@@ -128,6 +132,17 @@ func TestLoad(t *testing.T) {
 			c.Apps = Catalog{apps: []App{{Name: "a", Image: "x", Env: map[string]string{}, PullPolicy: "missing"}}}
 		}},
 		{"apps blank", map[string]string{"RUNNER_APPS": "  "}, func(c *Config) {}},
+		{"base images", map[string]string{
+			"RUNNER_BASE_IMAGE_CATALOG_ENABLED": "no", "RUNNER_BASE_IMAGE_REPO": "acme/kernel",
+			"RUNNER_BASE_IMAGE_PINNED_ONLY": "false", "RUNNER_BASE_IMAGE_EXCLUDE_SHA": "0",
+			"RUNNER_BASE_IMAGE_EXCLUDE_PRERELEASE": "NO", "RUNNER_BASE_IMAGE_LIMIT": "5",
+			"RUNNER_BASE_IMAGE_REFRESH_SECONDS": "60", "RUNNER_BASE_IMAGE_API_URL": "http://127.0.0.1:9/",
+		}, func(c *Config) {
+			c.BaseImages = BaseImages{Repo: "acme/kernel", Limit: 5, Refresh: time.Minute, APIURL: "http://127.0.0.1:9"}
+		}},
+		{"base images blank are default", map[string]string{
+			"RUNNER_BASE_IMAGE_REPO": " ", "RUNNER_BASE_IMAGE_INCLUDE": "", "RUNNER_BASE_IMAGE_EXCLUDE": " ", "RUNNER_BASE_IMAGE_LIMIT": "",
+		}, func(c *Config) {}},
 		{"unrelated variables ignored", map[string]string{"HOME": "/root", "RUNNER_VERSION": "junk"}, func(c *Config) {}},
 	}
 	for _, tt := range tests {
@@ -189,6 +204,12 @@ func TestLoadErrors(t *testing.T) {
 		{"cors wildcard host", map[string]string{"RUNNER_CORS_ORIGINS": "https://*.example"}, "RUNNER_CORS_ORIGINS", "only allowed as the port"},
 		{"listen host not an address", map[string]string{"RUNNER_LISTEN_HOST": "example.com"}, "RUNNER_LISTEN_HOST", `got "example.com"`},
 		{"apps invalid", map[string]string{"RUNNER_APPS": "{"}, "RUNNER_APPS", "RUNNER_APPS: invalid JSON"},
+		{"base image include invalid", map[string]string{"RUNNER_BASE_IMAGE_INCLUDE": "(slim"}, "RUNNER_BASE_IMAGE_INCLUDE", "missing closing )"},
+		{"base image exclude invalid", map[string]string{"RUNNER_BASE_IMAGE_EXCLUDE": "[a-"}, "RUNNER_BASE_IMAGE_EXCLUDE", "RUNNER_BASE_IMAGE_EXCLUDE: error parsing regexp"},
+		{"base image limit zero", map[string]string{"RUNNER_BASE_IMAGE_LIMIT": "0"}, "RUNNER_BASE_IMAGE_LIMIT", `got "0"`},
+		{"base image refresh word", map[string]string{"RUNNER_BASE_IMAGE_REFRESH_SECONDS": "1h"}, "RUNNER_BASE_IMAGE_REFRESH_SECONDS", `got "1h"`},
+		{"base image catalog bool", map[string]string{"RUNNER_BASE_IMAGE_CATALOG_ENABLED": "on"}, "RUNNER_BASE_IMAGE_CATALOG_ENABLED", `got "on"`},
+		{"base image api not a url", map[string]string{"RUNNER_BASE_IMAGE_API_URL": "hub.docker.com"}, "RUNNER_BASE_IMAGE_API_URL", `got "hub.docker.com"`},
 		{"terms file missing", map[string]string{"RUNNER_TERMS_FILE": "/nonexistent/terms.md"}, "RUNNER_TERMS_FILE", "/nonexistent/terms.md"},
 	}
 	for _, tt := range tests {
@@ -296,5 +317,18 @@ func TestErrorText(t *testing.T) {
 				t.Errorf("errors.Is(%v, cause) = false, want true", tt.err)
 			}
 		})
+	}
+}
+
+func TestLoadBaseImageRegexps(t *testing.T) {
+	got, err := Load(env(map[string]string{"RUNNER_BASE_IMAGE_INCLUDE": ` -slim$ `, "RUNNER_BASE_IMAGE_EXCLUDE": `^0\.`}))
+	if err != nil {
+		t.Fatalf("Load() error = %v", err)
+	}
+	if got.BaseImages.Include == nil || got.BaseImages.Include.String() != "-slim$" {
+		t.Errorf("Include = %v, want -slim$ (trimmed)", got.BaseImages.Include)
+	}
+	if got.BaseImages.Exclude == nil || got.BaseImages.Exclude.String() != `^0\.` {
+		t.Errorf("Exclude = %v, want ^0\\.", got.BaseImages.Exclude)
 	}
 }

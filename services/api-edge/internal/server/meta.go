@@ -3,13 +3,13 @@ package server
 import (
 	"context"
 	"encoding/json"
-	"github.com/telorunner/telorunner/pkg/contract"
 	"net/http"
 	"time"
 
 	"github.com/gin-gonic/gin"
 
 	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/services/api-edge/internal/config"
 )
 
@@ -63,24 +63,38 @@ func (s *Server) capabilities(c *gin.Context) {
 	c.JSON(http.StatusOK, out)
 }
 
-// configSchema describes the editable SessionConfig (section 4.2.1). No
-// base-image catalog exists, so the image is locked to the default
-// (readOnly) and only that image is accepted (19.22).
+// configSchema describes the editable SessionConfig (section 4.2.1). With
+// the base-image menu the image is an enum of it (default first); without
+// it the image is locked to the default (readOnly, 11.12 last bullet).
 func (s *Server) configSchema() map[string]any {
+	image := map[string]any{"type": "string", "minLength": 1, "default": s.cfg.Image, "title": "Image"}
+	if s.menu != nil {
+		image["enum"] = s.menu.Images()
+		image["description"] = "Kernel image the session runs on, from the operator's base-image menu."
+	} else {
+		image["readOnly"] = true
+		image["description"] = "Kernel image the session runs on. Fixed by the operator."
+	}
 	return map[string]any{
 		"type":     "object",
 		"required": []string{"image", "pullPolicy"},
 		"properties": map[string]any{
-			"image": map[string]any{
-				"type": "string", "minLength": 1, "default": s.cfg.Image, "readOnly": true,
-				"title": "Image", "description": "Kernel image the session runs on. Fixed by the operator.",
-			},
+			"image": image,
 			"pullPolicy": map[string]any{
 				"type": "string", "enum": []string{"missing", "always", "never"}, "default": "missing",
 				"title": "Pull policy", "description": "When to pull the kernel image.",
 			},
 		},
 	}
+}
+
+// allowedImages is the allowlist of config.image: the menu, or the
+// default image alone when the catalog is disabled.
+func (s *Server) allowedImages() []string {
+	if s.menu != nil {
+		return s.menu.Images()
+	}
+	return []string{s.cfg.Image}
 }
 
 type availability struct {

@@ -21,6 +21,7 @@ import (
 	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/session"
+	"github.com/telorunner/telorunner/services/api-edge/internal/baseimage"
 	"github.com/telorunner/telorunner/services/api-edge/internal/config"
 )
 
@@ -35,6 +36,10 @@ type Options struct {
 	EdgeID string
 	// Now is the clock of the reload budget's window; time.Now when nil.
 	Now func() time.Time
+	// Menu is the base-image menu (contract 11.12): the config schema's
+	// image enum and the allowlist of config.image. Nil when the catalog is
+	// disabled: image is then readOnly and only Config.Image is accepted.
+	Menu *baseimage.Menu
 }
 
 // Server serves /v1.
@@ -45,6 +50,7 @@ type Server struct {
 	log      *slog.Logger
 	edgeID   string
 	now      func() time.Time // the reload budget's clock
+	menu     *baseimage.Menu  // nil: catalog disabled
 	engine   *gin.Engine
 	m        metrics
 	presence presence
@@ -63,7 +69,7 @@ type Server struct {
 // New builds the router. Streams end when ctx does.
 func New(ctx context.Context, o Options) *Server {
 	gin.SetMode(gin.ReleaseMode)
-	s := &Server{cfg: o.Config, nc: o.NC, store: o.Store, log: o.Logger, edgeID: o.EdgeID, now: o.Now, ctx: ctx, newID: contract.NewSessionID}
+	s := &Server{cfg: o.Config, nc: o.NC, store: o.Store, log: o.Logger, edgeID: o.EdgeID, now: o.Now, menu: o.Menu, ctx: ctx, newID: contract.NewSessionID}
 	if s.now == nil {
 		s.now = time.Now
 	}

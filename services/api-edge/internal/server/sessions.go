@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -66,8 +67,8 @@ func (s *Server) createSession(c *gin.Context) {
 			return
 		}
 	}
-	if req.Config.Image != s.cfg.Image {
-		s.fail(c, contract.Errorf("invalid_config", "image %q is not offered by this runner; allowed images: %s", req.Config.Image, s.cfg.Image))
+	if allowed := s.allowedImages(); !slices.Contains(allowed, req.Config.Image) {
+		s.fail(c, contract.Errorf("invalid_config", "image %q is not offered by this runner; allowed images: %s", req.Config.Image, strings.Join(allowed, ", ")))
 		return
 	}
 	watch := req.Mode == contract.ModeWatch
