@@ -286,6 +286,23 @@ func TestRunImageBuild(t *testing.T) {
 	if len(jobs) != 1 || jobs[0].UID != job.UID {
 		t.Errorf("after the cached start: %d jobs, want the first one only", len(jobs))
 	}
+	// pullPolicy always: the base image's digest joins the tag, so the
+	// same app is another image (19.11: resolved on the base's own
+	// registry).
+	rec = newRecorder()
+	spec = buildSpec(entry)
+	spec.Config.PullPolicy = "always"
+	w, err = bb.backends[1].Start(ctx, spec, rec)
+	if err != nil {
+		t.Fatalf("pullPolicy always Start() = %v", err)
+	}
+	<-w.Done()
+	if p := rec.progressLines(); !slices.Contains(p, "build: Building image…") || slices.ContainsFunc(p, func(s string) bool { return strings.Contains(s, "freshness check failed") }) {
+		t.Errorf("pullPolicy always progress %v, want a build of a digest-keyed tag", p)
+	}
+	if n := len(bb.jobs(t)); n != 2 {
+		t.Errorf("%d jobs after the pullPolicy always start, want 2", n)
+	}
 	// The build context ConfigMap belongs to the Job (it goes with it).
 	cm, err := bb.admin.CoreV1().ConfigMaps(buildNS).Get(ctx, job.Name, metav1.GetOptions{})
 	if err != nil || len(cm.OwnerReferences) != 1 || cm.OwnerReferences[0].UID != job.UID {
