@@ -1,6 +1,7 @@
 package devkernel
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -14,6 +15,10 @@ import (
 // failed image build): 25 numbered lines on stderr, exit 1.
 const InstallFailMarker = "devkernel-install: fail"
 
+// InstallHangMarker in an entry file makes install never finish (tests
+// of a build that runs out of time): it waits to be killed.
+const InstallHangMarker = "devkernel-install: hang"
+
 // InstallFile is what install writes under $TELO_CACHE_DIR.
 const InstallFile = "devkernel/installed.txt"
 
@@ -21,7 +26,7 @@ const InstallFile = "devkernel/installed.txt"
 // it reads the entry manifest and writes InstallFile under
 // $TELO_CACHE_DIR, deterministic for the same manifest: its name and the
 // SHA-256 of its bytes. Exit 2 on usage errors, 1 on failure.
-func Install(args []string, stdout, stderr io.Writer) int {
+func Install(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var path string
 	for _, a := range args {
 		switch {
@@ -56,6 +61,11 @@ func Install(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "install error line %d\n", i)
 		}
 		return 1
+	}
+	if strings.Contains(string(data), InstallHangMarker) {
+		fmt.Fprintln(stdout, "devkernel install: hanging until stopped")
+		<-ctx.Done()
+		return 143
 	}
 	sum := sha256.Sum256(data)
 	out := filepath.Join(cache, InstallFile)

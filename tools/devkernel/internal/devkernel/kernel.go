@@ -39,7 +39,7 @@ const (
 // share a host network, like the stand-in kubelet's, then never collide).
 func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "install" {
-		return Install(args[1:], stdout, stderr)
+		return Install(ctx, args[1:], stdout, stderr)
 	}
 	opts, err := ParseArgs(args)
 	if err != nil {

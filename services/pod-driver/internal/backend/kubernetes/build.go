@@ -209,7 +209,9 @@ func jobFinished(j *batchv1.Job) (done, failed bool) {
 		switch c.Type {
 		case batchv1.JobComplete:
 			return true, false
-		case batchv1.JobFailed:
+		case batchv1.JobFailed, batchv1.JobFailureTarget:
+			// FailureTarget: the controller has decided (e.g. the
+			// deadline passed) and is terminating the pod.
 			return true, true
 		}
 	}
@@ -233,7 +235,7 @@ func (b *Backend) waitJob(ctx context.Context, jobName string, deadline time.Tim
 					return nil
 				}
 				for _, c := range j.Status.Conditions {
-					if c.Type == batchv1.JobFailed && c.Reason == batchv1.JobReasonDeadlineExceeded {
+					if (c.Type == batchv1.JobFailed || c.Type == batchv1.JobFailureTarget) && c.Status == corev1.ConditionTrue && c.Reason == batchv1.JobReasonDeadlineExceeded {
 						return fmt.Errorf("image build did not finish within %ds", secs)
 					}
 				}

@@ -60,6 +60,11 @@ type buildBed struct {
 
 func newBuildBed(t *testing.T) *buildBed {
 	t.Helper()
+	return newBuildBedWith(t, 60*time.Second)
+}
+
+func newBuildBedWith(t *testing.T, timeout time.Duration) *buildBed {
+	t.Helper()
 	reg := registry.New()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if u, p, ok := r.BasicAuth(); !ok || u != regUser || p != regPass {
@@ -125,7 +130,7 @@ func newBuildBed(t *testing.T) *buildBed {
 			RelayRetry:    100 * time.Millisecond,
 
 			ImageRepository: bb.repo, BuildNamespace: buildNS, BuilderImage: builderImage,
-			BuildTimeout: 60 * time.Second, RegistryInsecure: true, RegistryAPIURL: srv.URL,
+			BuildTimeout: timeout, RegistryInsecure: true, RegistryAPIURL: srv.URL,
 			PushSecret: "push", BuildLocks: locks, BuildPoll: 200 * time.Millisecond,
 		})
 		if err != nil {
@@ -362,4 +367,28 @@ func keysOf(m map[string]string) []string {
 	}
 	slices.Sort(k)
 	return k
+}
+
+// A build that outlives RUNNER_BUILD_TIMEOUT_SECONDS: the Job's
+// activeDeadlineSeconds ends it and the start fails with the timeout.
+func TestRunImageBuildTimeout(t *testing.T) {
+	bb := newBuildBedWith(t, 3*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	spec := buildSpec(manifest("slow", 0, "imports:\n  x: pkg:npm/slow@1.0.0\n# devkernel-install: hang\n"))
+	start := time.Now()
+	_, err := bb.backends[0].Start(ctx, spec, newRecorder())
+	se, ok := err.(*backend.StartError)
+	if !ok || se.Stage != "create" || se.Message != "image build did not finish within 3s" {
+		t.Fatalf("Start() = %v, want the create-stage 'image build did not finish within 3s'", err)
+	}
+	took := time.Since(start)
+	t.Logf("timed out after %v", took.Round(time.Millisecond))
+	if took > 20*time.Second {
+		t.Errorf("the timeout took %v: the Job's deadline was not seen (only the driver's own timeout + 30 s)", took)
+	}
+	jobs := bb.jobs(t)
+	if len(jobs) != 1 || *jobs[0].Spec.ActiveDeadlineSeconds != 3 {
+		t.Fatalf("jobs %d, want one with activeDeadlineSeconds 3", len(jobs))
+	}
 }
