@@ -328,8 +328,14 @@ func TestRunImageBuildFailure(t *testing.T) {
 		t.Fatalf("Start() = %v, want a create-stage start error 'image build failed: …'", err)
 	}
 	t.Logf("start error: %s", se.Message)
-	if !strings.Contains(se.Message, "install") {
-		t.Errorf("failure %q does not name the install step", se.Message)
+	// The last 20 lines of the failed container's log (pods/log through
+	// the API server): devkernel's install printed 25.
+	var want []string
+	for i := 6; i <= 25; i++ {
+		want = append(want, fmt.Sprintf("install error line %d", i))
+	}
+	if got := strings.TrimPrefix(se.Message, "image build failed: "); got != strings.Join(want, "\n") {
+		t.Errorf("failure tail %q, want the install log's last 20 lines", got)
 	}
 	if _, err := bb.admin.CoreV1().Pods(bb.env.Namespace).Get(ctx, podspec.RunPodName(spec.SessionID), metav1.GetOptions{}); err == nil {
 		t.Error("a run pod was created after a failed build")
