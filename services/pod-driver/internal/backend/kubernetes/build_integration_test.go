@@ -181,6 +181,10 @@ func (r *recorder) progressLines() []string {
 // session finds it in the registry (no second Job).
 func TestRunImageBuild(t *testing.T) {
 	bb := newBuildBed(t)
+	// The probe reviews the build namespace's Role too: bound, no issue.
+	if issues, err := bb.backends[0].Probe(context.Background()); err != nil || len(issues) != 0 {
+		t.Fatalf("Probe() = %v, %v; want ready", issues, err)
+	}
 	entry := manifest("built", 0, "imports:\n  http: pkg:npm/@telorun/http-server@1.2.0\nx-devkernel:\n  exitAfterMs: 300\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
