@@ -86,7 +86,7 @@ func Permissions(role string) (Permission, error) {
 		g.pub(SubjectWSPrefix + "*.*") // final checkpoints
 		g.log(StreamEvents, SubjectEventsPrefix+"*")
 		g.log(StreamIO, SubjectIOPrefix+"*.*")
-		g.kv(BucketSessions, BucketOwners, BucketPresence, BucketAdmission, BucketCheckpoints)
+		g.kv(BucketSessions, BucketOwners, BucketPresence, BucketAdmission, BucketCheckpoints, BucketBuilds)
 		g.obj(ObjectBundles, ObjectBlobs)
 	case RoleSupervisor:
 		g.pub(SubjectCmdAdopt, SubjectCtlPrefix+"*.*", SubjectWSPrefix+"*.*")

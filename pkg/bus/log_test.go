@@ -258,7 +258,7 @@ func TestProvisionIdempotentWithLimits(t *testing.T) {
 	if st, _ := js.Stream(ctx, bus.StreamEvents); st.CachedInfo().State.Msgs != 1 {
 		t.Errorf("events stream lost messages on re-provision: %d", st.CachedInfo().State.Msgs)
 	}
-	for _, b := range []string{bus.BucketSessions, bus.BucketOwners, bus.BucketPresence, bus.BucketAdmission, bus.BucketCheckpoints} {
+	for _, b := range []string{bus.BucketSessions, bus.BucketOwners, bus.BucketPresence, bus.BucketAdmission, bus.BucketCheckpoints, bus.BucketBuilds} {
 		kv, err := js.KeyValue(ctx, b)
 		if err != nil {
 			t.Fatalf("bucket %s: %v", b, err)
@@ -266,6 +266,9 @@ func TestProvisionIdempotentWithLimits(t *testing.T) {
 		st, _ := kv.Status(ctx)
 		if b == bus.BucketOwners && st.TTL() != 9*time.Second {
 			t.Errorf("%s TTL = %v, want 9s", b, st.TTL())
+		}
+		if b == bus.BucketBuilds && st.TTL() != bus.BuildLockTTL {
+			t.Errorf("%s TTL = %v, want %v", b, st.TTL(), bus.BuildLockTTL)
 		}
 	}
 	for _, o := range []string{bus.ObjectBundles, bus.ObjectBlobs} {

@@ -7,6 +7,8 @@
 package bus
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"strconv"
 	"strings"
 	"time"
@@ -26,7 +28,20 @@ const (
 	BucketPresence    = "runner_presence"    // <sessionId>.<edgeId> -> live client count (TTL)
 	BucketAdmission   = "runner_admission"   // ledger -> admission counts; reclaim.<class>.<sessionId> -> reclaim index
 	BucketCheckpoints = "runner_checkpoints" // <sessionId> -> checkpoint manifest
+	BucketBuilds      = "runner_builds"      // <BuildKey(ref)> -> driver id building ref (TTL)
 )
+
+// BuildLockTTL is how long a run-image build lock (BucketBuilds) lives
+// without renewal: a holder renews it every third of this.
+const BuildLockTTL = 30 * time.Second
+
+// BuildKey is the BucketBuilds key of an image ref: "ref-" and the first 32
+// hex characters of its SHA-256 (a ref's ':' and '/' are not key
+// characters).
+func BuildKey(ref string) string {
+	sum := sha256.Sum256([]byte(ref))
+	return "ref-" + hex.EncodeToString(sum[:16])
+}
 
 // Object stores.
 const (

@@ -104,6 +104,7 @@ func BucketConfigs(l Limits) []jetstream.KeyValueConfig {
 		{Bucket: BucketPresence, History: 1, TTL: l.PresenceTTL, Storage: jetstream.FileStorage, Replicas: l.Replicas},
 		{Bucket: BucketAdmission, History: 1, Storage: jetstream.FileStorage, Replicas: l.Replicas},
 		{Bucket: BucketCheckpoints, History: 1, Storage: jetstream.FileStorage, Replicas: l.Replicas},
+		{Bucket: BucketBuilds, History: 1, TTL: BuildLockTTL, Storage: jetstream.FileStorage, Replicas: l.Replicas},
 	}
 }
 

@@ -42,6 +42,9 @@ var Binaries = []Binary{
 	{"workspace-proxy", "services/workspace-proxy", "./cmd/workspace-proxy"},
 	{"workspace-server", "services/workspace-proxy", "./cmd/workspace-server"},
 	{"telorunner", "services/telorunner", "./cmd/telorunner"},
+	// The layer builder of run images (RUNNER_BUILDER=layer): the push
+	// container of the Kubernetes build Jobs.
+	{"telo-layer", "services/pod-driver", "./cmd/telo-layer"},
 }
 
 // The image's user: numeric, not root, the uid the chart and the driver's

@@ -186,7 +186,9 @@ func (e *Env) start(ctx context.Context, bin map[string]string, rf *rbacFile, wi
 		}
 		kcm, err = e.run("kube-controller-manager", bin["kube-controller-manager"],
 			"--kubeconfig="+kc,
-			"--controllers=garbagecollector,namespace,serviceaccount",
+			// job and ttl-after-finished: the run-image build Jobs
+			// (contract 11.11) run and go after their TTL.
+			"--controllers=garbagecollector,namespace,serviceaccount,job,ttl-after-finished",
 			"--leader-elect=false",
 			"--secure-port=0")
 		if err != nil {
@@ -221,26 +223,30 @@ func (e *Env) start(ctx context.Context, bin map[string]string, rf *rbacFile, wi
 // as the controller-manager's root-ca-cert-publisher does in a real cluster,
 // the kube-root-ca.crt ConfigMap that service account token volumes use.
 func (e *Env) createNamespace(ctx context.Context, admin kubernetes.Interface, ca []byte) error {
+	return createNamespace(ctx, admin, ca, e.Namespace)
+}
+
+func createNamespace(ctx context.Context, admin kubernetes.Interface, ca []byte, name string) error {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
-		Name: e.Namespace,
+		Name: name,
 		Labels: map[string]string{
 			"pod-security.kubernetes.io/enforce": "restricted",
 			"pod-security.kubernetes.io/warn":    "restricted",
 		},
 	}}
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create namespace %s: %w", e.Namespace, err)
+		return fmt.Errorf("create namespace %s: %w", name, err)
 	}
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: e.Namespace}}
-	_, err := admin.CoreV1().ServiceAccounts(e.Namespace).Create(ctx, sa, metav1.CreateOptions{})
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: name}}
+	_, err := admin.CoreV1().ServiceAccounts(name).Create(ctx, sa, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("create default service account: %w", err)
 	}
 	cm := &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: "kube-root-ca.crt", Namespace: e.Namespace},
+		ObjectMeta: metav1.ObjectMeta{Name: "kube-root-ca.crt", Namespace: name},
 		Data:       map[string]string{"ca.crt": string(ca)},
 	}
-	if _, err := admin.CoreV1().ConfigMaps(e.Namespace).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+	if _, err := admin.CoreV1().ConfigMaps(name).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create kube-root-ca.crt: %w", err)
 	}
 	return nil
@@ -441,5 +447,34 @@ func repoRoot() (string, error) {
 			return "", errors.New("no go.work above the working directory; set Options.RolePath")
 		}
 		dir = parent
+	}
+}
+
+// AddNamespace creates another namespace as Start creates Namespace
+// (restricted Pod Security, default ServiceAccount, kube-root-ca.crt) and
+// applies the role file at rolePath there, bound to DriverUser, e.g. the
+// build namespace with deploy/kubernetes/build-role.yaml. It fails the
+// test on error.
+func (e *Env) AddNamespace(t testing.TB, name, rolePath string) {
+	t.Helper()
+	rf, err := loadRBAC(rolePath)
+	if err != nil {
+		t.Fatalf("kubetest: %v", err)
+	}
+	admin, err := kubernetes.NewForConfig(e.Admin)
+	if err != nil {
+		t.Fatalf("kubetest: %v", err)
+	}
+	driver, err := kubernetes.NewForConfig(e.Driver)
+	if err != nil {
+		t.Fatalf("kubetest: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := createNamespace(ctx, admin, e.Admin.TLSClientConfig.CAData, name); err != nil {
+		t.Fatalf("kubetest: %v", err)
+	}
+	if err := rf.apply(ctx, admin, driver, name); err != nil {
+		t.Fatalf("kubetest: %v", err)
 	}
 }

@@ -24,6 +24,8 @@ func TestLoadConfigKubernetesDefaults(t *testing.T) {
 		RunLimits:          kubernetes.Limits{CPU: "50m", Memory: "100Mi", EphemeralStorage: "512Mi", TTLSeconds: 3600},
 		AppLimits:          kubernetes.Limits{CPU: "500m", Memory: "512Mi", EphemeralStorage: "1Gi", TTLSeconds: 21600},
 		WatchMaxTTLSeconds: 21600,
+		BuildNamespace:     "telo-builds", Builder: "layer", BuilderImage: "ghcr.io/telorunner/telo-layer:dev",
+		InitImage: "busybox:stable", BuildTimeout: 600 * time.Second,
 	}
 	if k != want {
 		t.Errorf("Kube = %+v, want the contract's defaults (18.2, 11.2) %+v", k, want)
@@ -40,6 +42,9 @@ func TestLoadConfigKubernetesOverrides(t *testing.T) {
 		"RUNNER_APP_MAX_TTL_SECONDS": "120", "RUNNER_WATCH_MAX_TTL_SECONDS": "300", "KUBECONFIG": "/k/config",
 		"RUNNER_RUN_START_DEADLINE_SECONDS": "30", "RUNNER_WATCH_START_DEADLINE_SECONDS": "600",
 		"RUNNER_WORKSPACE_READY_SECONDS": "45", "RUNNER_RELAY_RETRY_MS": "250",
+		"RUNNER_IMAGE_REPOSITORY": "reg.example/telo/apps/", "RUNNER_BUILD_NAMESPACE": "builds", "RUNNER_BUILDER": "kaniko",
+		"RUNNER_INIT_IMAGE": "busybox:1", "RUNNER_BUILD_TIMEOUT_SECONDS": "90", "RUNNER_REGISTRY_INSECURE": "true",
+		"RUNNER_REGISTRY_API_URL": "https://reg.example/", "RUNNER_REGISTRY_PUSH_SECRET": "push",
 	}))
 	if err != nil {
 		t.Fatalf("LoadConfig() = %v", err)
@@ -52,9 +57,17 @@ func TestLoadConfigKubernetesOverrides(t *testing.T) {
 		AppLimits:          kubernetes.Limits{CPU: "1", Memory: "512Mi", EphemeralStorage: "1Gi", TTLSeconds: 120},
 		WatchMaxTTLSeconds: 300, Kubeconfig: "/k/config",
 		RunStartDeadline: 30 * time.Second, WatchStartDeadline: 600 * time.Second, WorkspaceReady: 45 * time.Second,
+		ImageRepository: "reg.example/telo/apps", BuildNamespace: "builds", Builder: "kaniko",
+		BuilderImage: "gcr.io/kaniko-project/executor:latest", InitImage: "busybox:1", BuildTimeout: 90 * time.Second,
+		RegistryInsecure: true, RegistryAPIURL: "https://reg.example", PushSecret: "push",
 	}
 	if k != want {
 		t.Errorf("Kube = %+v, want %+v", k, want)
+	}
+	// Only the literal true enables insecure registries (18.2).
+	c2, err := LoadConfig(lookup(map[string]string{"RUNNER_BACKEND": "kubernetes", "RUNNER_REGISTRY_INSECURE": "1", "RUNNER_BUILDER_IMAGE": "me/layer:1"}))
+	if err != nil || c2.Kube.RegistryInsecure || c2.Kube.BuilderImage != "me/layer:1" {
+		t.Errorf("RUNNER_REGISTRY_INSECURE=1: %+v, %v", c2.Kube, err)
 	}
 	if c.RelayRetry != 250*time.Millisecond {
 		t.Errorf("RelayRetry = %v, want 250ms", c.RelayRetry)
@@ -77,6 +90,8 @@ func TestLoadConfigKubernetesErrorsNameTheVariable(t *testing.T) {
 		{"RUNNER_WATCH_START_DEADLINE_SECONDS", "1h"},
 		{"RUNNER_WORKSPACE_READY_SECONDS", "100000"},
 		{"RUNNER_RELAY_RETRY_MS", "1"},
+		{"RUNNER_BUILDER", "docker"},
+		{"RUNNER_BUILD_TIMEOUT_SECONDS", "0"},
 		{"RUNNER_BACKEND", "docker"},
 	} {
 		vars := map[string]string{"RUNNER_BACKEND": "kubernetes", tt.key: tt.value}

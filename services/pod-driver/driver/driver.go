@@ -22,6 +22,7 @@ import (
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/session"
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend"
+	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/kubernetes/imagebuild"
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/local"
 	idriver "github.com/telorunner/telorunner/services/pod-driver/internal/driver"
 )
@@ -224,7 +225,14 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	}
 	switch cfg.Backend {
 	case "kubernetes":
-		kb, err := newKubeBackend(cfg.Kube, cfg.RelayRetry, log)
+		var locks *imagebuild.Locks
+		if cfg.Kube.ImageRepository != "" {
+			// One build per image ref across drivers (runner_builds).
+			if locks, err = imagebuild.OpenLocks(ctx, js, ident.ID, log); err != nil {
+				return fmt.Errorf("kubernetes backend: %w", err)
+			}
+		}
+		kb, err := newKubeBackend(cfg.Kube, cfg.RelayRetry, locks, log)
 		if err != nil {
 			return fmt.Errorf("kubernetes backend: %w", err)
 		}

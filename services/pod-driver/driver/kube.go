@@ -11,7 +11,10 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/telorunner/telorunner/pkg/version"
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/kubernetes"
+	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/kubernetes/imagebuild"
+	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/kubernetes/podspec"
 )
 
 // KubeConfig is the kubernetes backend's configuration (contract 18.2).
@@ -25,6 +28,11 @@ type KubeConfig struct {
 	// The contract's fixed deadlines, configurable (19 item 34); zero
 	// means the contract's value.
 	RunStartDeadline, WatchStartDeadline, WorkspaceReady time.Duration
+	// Build path (contract 11.11, 18.2); ImageRepository "" turns it off.
+	ImageRepository, BuildNamespace, Builder, BuilderImage, InitImage string
+	BuildTimeout                                                      time.Duration
+	RegistryInsecure                                                  bool
+	RegistryAPIURL, PushSecret                                        string
 	// Kubeconfig is KUBECONFIG; in a cluster (KUBERNETES_SERVICE_HOST set)
 	// the in-cluster credentials are used instead.
 	Kubeconfig string
@@ -42,7 +50,31 @@ func loadKubeConfig(get func(string) string) (KubeConfig, error) {
 		KernelImage: or("RUNNER_IMAGE", "telorun/node:latest-slim"), WorkspaceImage: or("RUNNER_WORKSPACE_IMAGE", "telorunner/workspace-server:latest"),
 		RuntimeClass: get("RUNNER_RUNTIME_CLASS"), ImagePullSecret: get("RUNNER_IMAGE_PULL_SECRET"),
 		IngressBaseDomain: get("SESSION_INGRESS_BASE_DOMAIN"), IngressClass: get("SESSION_INGRESS_CLASS"), TLS: get("SESSION_INGRESS_TLS_SECRET"),
-		Kubeconfig: get("KUBECONFIG"),
+		Kubeconfig:      get("KUBECONFIG"),
+		ImageRepository: strings.TrimRight(get("RUNNER_IMAGE_REPOSITORY"), "/"), BuildNamespace: or("RUNNER_BUILD_NAMESPACE", kubernetes.DefaultBuildNamespace),
+		Builder: or("RUNNER_BUILDER", kubernetes.DefaultBuilder), BuilderImage: get("RUNNER_BUILDER_IMAGE"), InitImage: or("RUNNER_INIT_IMAGE", kubernetes.DefaultInitImage),
+		BuildTimeout: kubernetes.DefaultBuildTimeout, RegistryInsecure: get("RUNNER_REGISTRY_INSECURE") == "true",
+		RegistryAPIURL: strings.TrimRight(get("RUNNER_REGISTRY_API_URL"), "/"), PushSecret: get("RUNNER_REGISTRY_PUSH_SECRET"),
+	}
+	switch c.Builder {
+	case podspec.BuilderLayer:
+		if c.BuilderImage == "" {
+			// The telo-layer image of this release (make images).
+			c.BuilderImage = kubernetes.DefaultLayerImage + ":" + strings.TrimPrefix(version.Version, "v")
+		}
+	case podspec.BuilderKaniko:
+		if c.BuilderImage == "" {
+			c.BuilderImage = kubernetes.DefaultKanikoImage
+		}
+	default:
+		return c, fmt.Errorf("RUNNER_BUILDER: must be %s or %s, got %q", podspec.BuilderLayer, podspec.BuilderKaniko, c.Builder)
+	}
+	if v := get("RUNNER_BUILD_TIMEOUT_SECONDS"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 || n > 86400 {
+			return c, fmt.Errorf("RUNNER_BUILD_TIMEOUT_SECONDS: must be an integer from 1 to 86400, got %q", v)
+		}
+		c.BuildTimeout = time.Duration(n) * time.Second
 	}
 	limits := func(prefix string, def kubernetes.Limits) (kubernetes.Limits, error) {
 		l := kubernetes.Limits{CPU: or(prefix+"CPU", def.CPU), Memory: or(prefix+"MEMORY", def.Memory),
@@ -118,7 +150,7 @@ func (c KubeConfig) restConfig() (*rest.Config, error) {
 	return clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
 }
 
-func newKubeBackend(c KubeConfig, relayRetry time.Duration, log *slog.Logger) (*kubernetes.Backend, error) {
+func newKubeBackend(c KubeConfig, relayRetry time.Duration, locks *imagebuild.Locks, log *slog.Logger) (*kubernetes.Backend, error) {
 	rc, err := c.restConfig()
 	if err != nil {
 		return nil, fmt.Errorf("KUBECONFIG: %w", err)
@@ -129,6 +161,9 @@ func newKubeBackend(c KubeConfig, relayRetry time.Duration, log *slog.Logger) (*
 		IngressBaseDomain: c.IngressBaseDomain, IngressClass: c.IngressClass, TLSSecret: c.TLS,
 		RunLimits: c.RunLimits, AppLimits: c.AppLimits, WatchMaxTTLSeconds: c.WatchMaxTTLSeconds,
 		RunStartDeadline: c.RunStartDeadline, WatchStartDeadline: c.WatchStartDeadline, WorkspaceReady: c.WorkspaceReady,
+		ImageRepository: c.ImageRepository, BuildNamespace: c.BuildNamespace, Builder: c.Builder, BuilderImage: c.BuilderImage,
+		InitImage: c.InitImage, BuildTimeout: c.BuildTimeout, RegistryInsecure: c.RegistryInsecure,
+		RegistryAPIURL: c.RegistryAPIURL, PushSecret: c.PushSecret, BuildLocks: locks,
 		RelayRetry: relayRetry, Logger: log,
 	})
 }

@@ -38,6 +38,9 @@ const (
 // CLICOLOR_FORCE, POD_IP (bind it instead of the wildcard: pods that
 // share a host network, like the stand-in kubelet's, then never collide).
 func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "install" {
+		return Install(ctx, args[1:], stdout, stderr)
+	}
 	opts, err := ParseArgs(args)
 	if err != nil {
 		fmt.Fprintf(stderr, "devkernel: %v\n%s\n", err, Usage)

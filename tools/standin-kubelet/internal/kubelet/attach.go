@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -23,6 +24,7 @@ func (k *Kubelet) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/attach/{namespace}/{pod}/{container}", k.serveAttach)
 	mux.HandleFunc("/attach/{namespace}/{pod}/{uid}/{container}", k.serveAttach)
+	mux.HandleFunc("/containerLogs/{namespace}/{pod}/{container}", k.serveLogs)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
 	return mux
 }
@@ -95,4 +97,66 @@ func writer(w io.WriteCloser) io.Writer {
 		return nil
 	}
 	return w
+}
+
+// serveLogs serves pods/log, which the API server proxies here: the
+// container's kept output (proc.LogBytes), the last tailLines lines when
+// given. follow, previous, timestamps, sinceSeconds/sinceTime and
+// limitBytes are not supported (400).
+func (k *Kubelet) serveLogs(w http.ResponseWriter, req *http.Request) {
+	key := req.PathValue("namespace") + "/" + req.PathValue("pod")
+	q := req.URL.Query()
+	for _, unsupported := range []string{"follow", "previous", "timestamps"} {
+		if q.Get(unsupported) == "true" {
+			http.Error(w, unsupported+" is not supported by the stand-in kubelet", http.StatusBadRequest)
+			return
+		}
+	}
+	for _, unsupported := range []string{"sinceSeconds", "sinceTime", "limitBytes"} {
+		if q.Has(unsupported) {
+			http.Error(w, unsupported+" is not supported by the stand-in kubelet", http.StatusBadRequest)
+			return
+		}
+	}
+	e := k.entryByName(key, "")
+	if e == nil {
+		http.Error(w, fmt.Sprintf("pod %s not found on this node", key), http.StatusNotFound)
+		return
+	}
+	out, err := e.sb.Log(req.PathValue("container"))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	if v := q.Get("tailLines"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			http.Error(w, "tailLines must be a non-negative integer", http.StatusBadRequest)
+			return
+		}
+		out = tailLines(out, n)
+	}
+	w.Header().Set("Content-Type", "text/plain")
+	_, _ = w.Write(out)
+}
+
+// tailLines is the last n lines of b (a final line without a newline
+// counts).
+func tailLines(b []byte, n int) []byte {
+	if n == 0 {
+		return nil
+	}
+	end := len(b)
+	if end > 0 && b[end-1] == '\n' {
+		end--
+	}
+	for i := end - 1; i >= 0; i-- {
+		if b[i] == '\n' {
+			n--
+			if n == 0 {
+				return b[i+1:]
+			}
+		}
+	}
+	return b
 }

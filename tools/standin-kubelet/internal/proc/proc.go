@@ -67,6 +67,7 @@ type Process struct {
 	tty    *os.File // pty master, when spec.TTY
 	stdout *fanout
 	stderr *fanout // nil with a tty
+	log    logRing // the last LogBytes of output, both streams (pods/log)
 
 	stdin     chan []byte // to the stdin writer; nil without stdin
 	stdinDone chan struct{}
@@ -179,13 +180,13 @@ func Start(spec Spec) (*Process, error) {
 
 	var pumps sync.WaitGroup
 	if spec.TTY {
-		pumps.Go(func() { pump(p.tty, p.stdout) })
+		pumps.Go(func() { pump(p.tty, p.stdout, &p.log) })
 		if spec.Stdin {
 			p.startStdin(p.tty)
 		}
 	} else {
-		pumps.Go(func() { pump(readers[0], p.stdout) })
-		pumps.Go(func() { pump(readers[1], p.stderr) })
+		pumps.Go(func() { pump(readers[0], p.stdout, &p.log) })
+		pumps.Go(func() { pump(readers[1], p.stderr, &p.log) })
 		if stdinW != nil {
 			p.startStdin(stdinW)
 		}
@@ -247,12 +248,13 @@ func (p *Process) reap(pumps *sync.WaitGroup, readers []*os.File) {
 
 // pump publishes everything read from r until it ends (EOF, or EIO on a pty
 // whose other side is gone), then closes f.
-func pump(r *os.File, f *fanout) {
+func pump(r *os.File, f *fanout, log *logRing) {
 	defer f.close()
 	for {
 		buf := make([]byte, 32*1024)
 		n, err := r.Read(buf)
 		if n > 0 {
+			log.write(buf[:n])
 			f.publish(buf[:n])
 		}
 		if err != nil {
@@ -297,6 +299,10 @@ func (p *Process) closeStdin() {
 		p.closeOnce.Do(func() { close(p.stdinDone) })
 	}
 }
+
+// Log returns the last LogBytes of the process's output, stdout and
+// stderr interleaved as read (a container log).
+func (p *Process) Log() []byte { return p.log.bytes() }
 
 // Pid returns the process id, which is also its process group id.
 func (p *Process) Pid() int { return p.cmd.Process.Pid }

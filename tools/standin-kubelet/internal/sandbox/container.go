@@ -196,6 +196,7 @@ func (s *Sandbox) stopped() bool {
 func (s *Sandbox) register(name string, p *proc.Process) {
 	s.mu.Lock()
 	s.procs[name] = p
+	s.last[name] = p
 	stopping, killNow := s.stopping, !time.Now().Before(s.killAt)
 	s.mu.Unlock()
 	if stopping {
@@ -213,6 +214,29 @@ func (s *Sandbox) unregister(name string, p *proc.Process) {
 	if s.procs[name] == p {
 		delete(s.procs, name)
 	}
+}
+
+// Log returns the output of container's last process (running or
+// exited), as a kubelet serves pods/log; ErrNoContainer for a container
+// the pod does not have, proc.ErrNotRunning for one that never started.
+func (s *Sandbox) Log(container string) ([]byte, error) {
+	known := false
+	for _, c := range s.pod.Spec.Containers {
+		known = known || c.Name == container
+	}
+	for _, c := range s.pod.Spec.InitContainers {
+		known = known || c.Name == container
+	}
+	if !known {
+		return nil, fmt.Errorf("log %s: %w", container, ErrNoContainer)
+	}
+	s.mu.Lock()
+	p := s.last[container]
+	s.mu.Unlock()
+	if p == nil {
+		return nil, fmt.Errorf("log %s: %w", container, proc.ErrNotRunning)
+	}
+	return p.Log(), nil
 }
 
 // ErrNoContainer is returned by Attach for a container the pod does not run.

@@ -106,6 +106,7 @@ type Sandbox struct {
 	mu       sync.Mutex
 	snap     podstatus.Snapshot
 	procs    map[string]*proc.Process // running, by container name
+	last     map[string]*proc.Process // the last process of each container, running or not (pods/log)
 	stopping bool
 	killAt   time.Time // when stopping: SIGKILL what is left at this time
 	finished bool      // no container runs any more; no killer may start
@@ -132,6 +133,7 @@ func New(cfg Config) (*Sandbox, error) {
 		exited: make(chan struct{}),
 		done:   make(chan struct{}),
 		procs:  map[string]*proc.Process{},
+		last:   map[string]*proc.Process{},
 	}
 	s.snap.PodIP, s.snap.HostIP = cfg.IP, cfg.HostIP
 	initWait := podstatus.ReasonContainerCreating

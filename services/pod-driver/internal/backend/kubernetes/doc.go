@@ -16,9 +16,18 @@
 //     (so the volume resolves at once), then updated to carry a controller
 //     reference to the pod, so the garbage collector deletes it with the
 //     pod. Limit: the API server refuses objects over 1 MiB, so bundles
-//     over podspec.MaxBundleBytes fail the start (stage create). Run pods
-//     use the session's image (or KernelImage); there is no image build
-//     path (11.11).
+//     over podspec.MaxBundleBytes fail the start (stage create).
+//   - Run images (11.11, build.go, imagebuild): with ImageRepository set a
+//     run pod runs its per-app image; without it, the session's base
+//     image (the contract makes RUNNER_IMAGE_REPOSITORY required; here
+//     unset means no build). Single-flight is across drivers (a
+//     runner_builds key per ref), not per process (19.38). The default
+//     builder (layer) is daemonless and unprivileged: the base image runs
+//     telo install, our telo-layer appends /app and /telo-cache as one
+//     layer and pushes; kaniko is the reference's Job. The build context
+//     reaches the Job as a ConfigMap, like run bundles. A failed build's
+//     log tail falls back to the container's exit code and reason when
+//     pods/log cannot be read.
 //   - Watch pods use restartPolicy Always (19 item 16): a dead app
 //     container restarts; each termination is reported once through
 //     RunEnded (tracked by restartCount) and its debug relay restarts

@@ -38,7 +38,7 @@ const (
 	waitLong       = 30 * time.Second
 )
 
-var bins struct{ devkernel, workspace string }
+var bins struct{ devkernel, workspace, layer string }
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "kube-backend-bins-")
@@ -50,12 +50,16 @@ func TestMain(m *testing.M) {
 	// stand-in kubelet puts the image program's directory first on PATH.
 	bins.devkernel = filepath.Join(dir, "telo")
 	bins.workspace = filepath.Join(dir, "workspace-server")
+	bins.layer = filepath.Join(dir, "telo-layer")
 	root, err := filepath.Abs("../../..") // services/pod-driver
 	if err == nil {
 		err = build(filepath.Join(root, "..", "..", "tools", "devkernel"), bins.devkernel, "./cmd/devkernel")
 	}
 	if err == nil {
 		err = build(filepath.Join(root, "..", "workspace-proxy"), bins.workspace, "./cmd/workspace-server")
+	}
+	if err == nil {
+		err = build(root, bins.layer, "./cmd/telo-layer")
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -10,6 +10,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/kernelwire"
+	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/kubernetes/imagebuild"
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/kubernetes/podspec"
 )
 
@@ -31,6 +32,18 @@ const (
 	// throttling a normal start.
 	ClientQPS   = 50
 	ClientBurst = 100
+
+	// Build path (11.11, 18.2).
+	DefaultBuildNamespace = "telo-builds"
+	DefaultBuilder        = podspec.BuilderLayer
+	DefaultBuildTimeout   = 600 * time.Second
+	DefaultInitImage      = "busybox:stable"
+	DefaultKanikoImage    = "gcr.io/kaniko-project/executor:latest"
+	// DefaultLayerImage is the layer builder's image without its tag:
+	// `make images` builds it (tools/images, telo-layer).
+	DefaultLayerImage = "ghcr.io/telorunner/telo-layer"
+	// DefaultBuildPoll is how often a build Job is polled (11.11 step 6).
+	DefaultBuildPoll = 2 * time.Second
 )
 
 // Limits is one ceiling set (contract 11.2).
@@ -68,6 +81,22 @@ type Options struct {
 	WorkspaceReady     time.Duration // RUNNER_WORKSPACE_READY_SECONDS; 0: 120 s
 	// Reach times the reachability watchers (zero: contract 11.7).
 	Reach kernelwire.ReachTiming
+	// Build path of run sessions (contract 11.11). ImageRepository ""
+	// turns it off: run pods then use the session's base image.
+	ImageRepository  string        // RUNNER_IMAGE_REPOSITORY
+	BuildNamespace   string        // RUNNER_BUILD_NAMESPACE (telo-builds)
+	Builder          string        // RUNNER_BUILDER: layer (default) or kaniko
+	BuilderImage     string        // RUNNER_BUILDER_IMAGE (required for layer; kaniko: DefaultKanikoImage)
+	InitImage        string        // RUNNER_INIT_IMAGE (busybox:stable): the Kaniko context copy
+	BuildTimeout     time.Duration // RUNNER_BUILD_TIMEOUT_SECONDS (600 s)
+	RegistryInsecure bool          // RUNNER_REGISTRY_INSECURE
+	RegistryAPIURL   string        // RUNNER_REGISTRY_API_URL: "" = no existence check (always build)
+	PushSecret       string        // RUNNER_REGISTRY_PUSH_SECRET (in BuildNamespace)
+	// BuildLocks is the single-flight of builds across drivers; nil
+	// leaves only the Job name (a 409 on create waits for the peer).
+	BuildLocks *imagebuild.Locks
+	// BuildPoll is the Job poll period (0: 2 s).
+	BuildPoll time.Duration
 	// RelayRetry is the debug relay's reconnect pause (0: 500 ms).
 	RelayRetry time.Duration
 	Logger     *slog.Logger
@@ -87,7 +116,15 @@ func (o Options) Validate() error {
 	if err := o.AppLimits.Validate(); err != nil {
 		return fmt.Errorf("kubernetes backend: app limits: %w", err)
 	}
-	if o.WatchMaxTTLSeconds < 0 || o.StartDeadline < 0 || o.RunStartDeadline < 0 || o.WatchStartDeadline < 0 || o.WorkspaceReady < 0 || o.RelayRetry < 0 {
+	switch o.Builder {
+	case "", podspec.BuilderLayer, podspec.BuilderKaniko:
+	default:
+		return fmt.Errorf("kubernetes backend: builder %q: want %s or %s", o.Builder, podspec.BuilderLayer, podspec.BuilderKaniko)
+	}
+	if o.ImageRepository != "" && o.BuilderImage == "" && o.Builder != podspec.BuilderKaniko {
+		return errors.New("kubernetes backend: the layer builder needs BuilderImage (RUNNER_BUILDER_IMAGE)")
+	}
+	if o.BuildTimeout < 0 || o.BuildPoll < 0 || o.StartDeadline < 0 || o.RunStartDeadline < 0 || o.WatchStartDeadline < 0 || o.WorkspaceReady < 0 || o.RelayRetry < 0 {
 		return errors.New("kubernetes backend: negative duration")
 	}
 	return nil
@@ -108,6 +145,33 @@ func (o *Options) applyDefaults() {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.BuildNamespace == "" {
+		o.BuildNamespace = DefaultBuildNamespace
+	}
+	if o.Builder == "" {
+		o.Builder = DefaultBuilder
+	}
+	if o.BuilderImage == "" && o.Builder == podspec.BuilderKaniko {
+		o.BuilderImage = DefaultKanikoImage
+	}
+	if o.InitImage == "" {
+		o.InitImage = DefaultInitImage
+	}
+	if o.BuildTimeout == 0 {
+		o.BuildTimeout = DefaultBuildTimeout
+	}
+	if o.BuildPoll == 0 {
+		o.BuildPoll = DefaultBuildPoll
+	}
+}
+
+func (o Options) buildParams() podspec.BuildParams {
+	return podspec.BuildParams{
+		Namespace: o.BuildNamespace, ManagedBy: o.ManagedBy, Builder: o.Builder,
+		BuilderImage: o.BuilderImage, InitImage: o.InitImage,
+		TimeoutSeconds: int64(o.BuildTimeout / time.Second), Insecure: o.RegistryInsecure,
+		PushSecret: o.PushSecret, RuntimeClass: o.RuntimeClass, Limits: o.AppLimits,
 	}
 }
 

@@ -22,26 +22,31 @@ import (
 	"github.com/telorunner/telorunner/tools/kubetest"
 )
 
-// The rules Probe reviews are the Role the chart installs.
+// The rules Probe reviews are the Roles the chart installs.
 func TestRulesMatchRoleFile(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join("..", "..", "..", "..", "..", "deploy", "kubernetes", "role.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, err := yaml.ToJSON(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(js, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	role, ok := obj.(*rbacv1.Role)
-	if !ok {
-		t.Fatalf("role.yaml holds %T, want a Role", obj)
-	}
-	if !reflect.DeepEqual(role.Rules, kube.Rules) {
-		t.Fatalf("role.yaml rules %+v\nkube.Rules %+v", role.Rules, kube.Rules)
+	for _, tc := range []struct {
+		file  string
+		rules []rbacv1.PolicyRule
+	}{{"role.yaml", kube.Rules}, {"build-role.yaml", kube.BuildRules}} {
+		b, err := os.ReadFile(filepath.Join("..", "..", "..", "..", "..", "deploy", "kubernetes", tc.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, err := yaml.ToJSON(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(js, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		role, ok := obj.(*rbacv1.Role)
+		if !ok {
+			t.Fatalf("%s holds %T, want a Role", tc.file, obj)
+		}
+		if !reflect.DeepEqual(role.Rules, tc.rules) {
+			t.Fatalf("%s rules %+v\nwant %+v", tc.file, role.Rules, tc.rules)
+		}
 	}
 }
 
@@ -59,11 +64,15 @@ func TestProbe(t *testing.T) {
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "unbound"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	probe := func(cfg *rest.Config, ns string) []contract.Issue {
+	probe := func(cfg *rest.Config, ns string, buildNS ...string) []contract.Issue {
 		t.Helper()
-		b, err := kube.New(kube.Options{RestConfig: cfg, Namespace: ns, KernelImage: kernelImage, WorkspaceImage: workspaceImage,
+		o := kube.Options{RestConfig: cfg, Namespace: ns, KernelImage: kernelImage, WorkspaceImage: workspaceImage,
 			RunLimits: kube.Limits{CPU: "50m", Memory: "100Mi", EphemeralStorage: "512Mi", TTLSeconds: 3600},
-			AppLimits: kube.Limits{CPU: "500m", Memory: "512Mi", EphemeralStorage: "1Gi", TTLSeconds: 21600}})
+			AppLimits: kube.Limits{CPU: "500m", Memory: "512Mi", EphemeralStorage: "1Gi", TTLSeconds: 21600}}
+		if len(buildNS) == 1 {
+			o.ImageRepository, o.BuilderImage, o.BuildNamespace = "registry.example/telo/apps", "telo-layer:test", buildNS[0]
+		}
+		b, err := kube.New(o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -98,5 +107,18 @@ func TestProbe(t *testing.T) {
 	}
 	if issues := probe(env.Admin, env.Namespace); len(issues) != 0 {
 		t.Fatalf("admin: %+v, want ready", issues)
+	}
+	// With run images built, the build namespace's Role is reviewed too.
+	issues = probe(env.Driver, env.Namespace, "unbound")
+	paths = nil
+	for _, is := range issues {
+		paths = append(paths, is.Path)
+	}
+	want = []string{"/kubernetes/build-role/jobs", "/kubernetes/build-role/configmaps", "/kubernetes/build-role/pods", "/kubernetes/build-role/pods/log", "/kubernetes/build-role/secrets"}
+	if !reflect.DeepEqual(paths, want) {
+		t.Fatalf("unbound build namespace issues %v, want %v", paths, want)
+	}
+	if !strings.Contains(issues[0].Message, "build-role.yaml") {
+		t.Errorf("jobs issue %q, want the build role file named", issues[0].Message)
 	}
 }

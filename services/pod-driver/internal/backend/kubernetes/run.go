@@ -31,17 +31,24 @@ func (b *Backend) startRun(ctx context.Context, spec backend.Spec, sink backend.
 		cm  *corev1.ConfigMap
 		err error
 	)
-	if spec.SelfContained {
+	app := spec.Apps
+	if len(app) == 0 {
+		app = []backend.App{{Name: contract.DefaultApp, IO: contract.IOTTY}}
+	}
+	switch {
+	case spec.SelfContained:
 		pod, err = podspec.App(b.params, spec)
-	} else {
+	case b.opts.ImageRepository != "":
+		// The per-app image (11.11): built, or found in the registry.
+		var ref string
+		if ref, err = b.runImage(ctx, spec, app[0].Name, sink); err == nil {
+			pod, cm, err = podspec.RunBuilt(b.params, spec, ref)
+		}
+	default:
 		pod, cm, err = podspec.Run(b.params, spec)
 	}
 	if err != nil {
 		return nil, &backend.StartError{Stage: "create", Message: err.Error()}
-	}
-	app := spec.Apps
-	if len(app) == 0 {
-		app = []backend.App{{Name: contract.DefaultApp, IO: contract.IOTTY}}
 	}
 	sink.Progress(contract.PhaseProvision, "Creating pod", false, "")
 	if cm != nil {

@@ -3,7 +3,9 @@ package podspec
 import (
 	"encoding/base64"
 	"fmt"
+	"maps"
 	"path"
+	"slices"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -92,6 +94,23 @@ func singleApp(spec backend.Spec) (backend.App, error) {
 // keys whatever the path) mapped to the file's normalized path. The
 // caller creates the ConfigMap first and owner-references it to the pod.
 func Run(p Params, spec backend.Spec) (*corev1.Pod, *corev1.ConfigMap, error) {
+	return run(p, spec, "")
+}
+
+// RunBuilt is Run on the session's built image ref (contract 11.3,
+// 11.11): pulled IfNotPresent (the tag is content-addressed), with
+// TELO_CACHE_DIR=/telo-cache, the dependency cache baked into the image's
+// read-only root filesystem (--no-cache-write keeps the kernel from
+// writing to it). The bundle still reaches /app through the ConfigMap
+// (the mount covers the image's /app).
+func RunBuilt(p Params, spec backend.Spec, ref string) (*corev1.Pod, *corev1.ConfigMap, error) {
+	if ref == "" {
+		return nil, nil, fmt.Errorf("built image ref is empty")
+	}
+	return run(p, spec, ref)
+}
+
+func run(p Params, spec backend.Spec, built string) (*corev1.Pod, *corev1.ConfigMap, error) {
 	app, err := singleApp(spec)
 	if err != nil {
 		return nil, nil, err
@@ -100,32 +119,9 @@ func Run(p Params, spec backend.Spec) (*corev1.Pod, *corev1.ConfigMap, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("entry: %w", err)
 	}
-	cm := &corev1.ConfigMap{ObjectMeta: objectMeta(p, BundleConfigMapName(spec.SessionID), spec.SessionID), BinaryData: map[string][]byte{}}
-	items := make([]corev1.KeyToPath, 0, len(spec.Bundle.Files))
-	total := 0
-	seen := make(map[string]bool)
-	for i, f := range spec.Bundle.Files {
-		rel, err := contract.NormalizePath(f.RelativePath)
-		if err != nil {
-			return nil, nil, err
-		}
-		if seen[rel] {
-			return nil, nil, fmt.Errorf("bundle file %s appears twice", rel)
-		}
-		seen[rel] = true
-		data := []byte(f.Contents)
-		if f.Encoding == "base64" {
-			if data, err = base64.StdEncoding.DecodeString(f.Contents); err != nil {
-				return nil, nil, fmt.Errorf("decode bundle file %s: %w", rel, err)
-			}
-		}
-		key := "f" + strconv.Itoa(i)
-		cm.BinaryData[key] = data
-		items = append(items, corev1.KeyToPath{Key: key, Path: rel})
-		total += len(data) + len(rel) + len(key)
-	}
-	if total > MaxBundleBytes {
-		return nil, nil, fmt.Errorf("bundle is %d bytes; a ConfigMap holds at most %d", total, MaxBundleBytes)
+	cm, items, err := bundleConfigMap(objectMeta(p, BundleConfigMapName(spec.SessionID), spec.SessionID), spec.Bundle.Files, nil)
+	if err != nil {
+		return nil, nil, err
 	}
 
 	pod := &corev1.Pod{ObjectMeta: objectMeta(p, RunPodName(spec.SessionID), spec.SessionID)}
@@ -138,25 +134,29 @@ func Run(p Params, spec backend.Spec) (*corev1.Pod, *corev1.ConfigMap, error) {
 		cmd = append(cmd, "--inspect", "0.0.0.0:"+strconv.Itoa(FirstInspectPort), "--no-open")
 	}
 	cmd = append(cmd, path.Join("/app", entry))
+	img, pull := image(spec.Config, p.KernelImage), PullPolicy(spec.Config.PullPolicy)
+	env := map[string]string{"HOME": "/home/telo", "npm_config_cache": "/home/telo/.npm", "FORCE_COLOR": "1"}
+	if built != "" {
+		// The content-addressed per-app image: IfNotPresent, and the
+		// cache baked into it.
+		img, pull = built, corev1.PullIfNotPresent
+		env["TELO_CACHE_DIR"] = TeloCacheDir
+	}
 	c := corev1.Container{
 		Name:  ContainerSession,
-		Image: image(spec.Config, p.KernelImage),
-		// The image is the request's base image (there is no per-bundle
-		// content-addressed build), so the request's pull policy applies
-		// (the mapping of 11.6).
-		ImagePullPolicy: PullPolicy(spec.Config.PullPolicy),
+		Image: img,
+		// Without a build the image is the request's base image, so the
+		// request's pull policy applies (the mapping of 11.6).
+		ImagePullPolicy: pull,
 		WorkingDir:      "/work",
 		Command:         cmd,
-		// No TELO_CACHE_DIR: 10.6's /telo-cache is the dependency cache
-		// baked into a per-bundle image, which this driver does not build;
-		// on the base image that path would be an empty directory on a
+		// Without a build there is no TELO_CACHE_DIR: 10.6's /telo-cache
+		// is the dependency cache baked into a per-bundle image; on the
+		// base image that path would be an empty directory on a
 		// read-only root. The CLI keeps its default cache under HOME (a
 		// writable emptyDir), and --no-cache-write still keeps derived
 		// entries out of it.
-		Env: envVars(sessionEnv(spec.Env, "TELO_CACHE_DIR", "HOME", "npm_config_cache", "FORCE_COLOR"), map[string]string{
-			"HOME":             "/home/telo",
-			"npm_config_cache": "/home/telo/.npm", "FORCE_COLOR": "1",
-		}),
+		Env:             envVars(sessionEnv(spec.Env, "TELO_CACHE_DIR", "HOME", "npm_config_cache", "FORCE_COLOR"), env),
 		Stdin:           true,
 		TTY:             app.IO != contract.IOStreams,
 		Ports:           containerPorts(app.Ports),
@@ -174,6 +174,61 @@ func Run(p Params, spec backend.Spec) (*corev1.Pod, *corev1.ConfigMap, error) {
 	}
 	pod.Spec.Containers = []corev1.Container{c}
 	return pod, cm, nil
+}
+
+// bundleConfigMap is a ConfigMap holding files (plus extra, already
+// normalized paths) as binaryData keys f0, f1, … (valid keys whatever the
+// path), and the items mapping each key to its path.
+func bundleConfigMap(meta metav1.ObjectMeta, files []contract.BundleFile, extra map[string][]byte) (*corev1.ConfigMap, []corev1.KeyToPath, error) {
+	cm := &corev1.ConfigMap{ObjectMeta: meta, BinaryData: map[string][]byte{}}
+	items := make([]corev1.KeyToPath, 0, len(files)+len(extra))
+	total := 0
+	seen := make(map[string]bool)
+	add := func(rel string, data []byte) error {
+		if seen[rel] {
+			return fmt.Errorf("bundle file %s appears twice", rel)
+		}
+		seen[rel] = true
+		key := "f" + strconv.Itoa(len(items))
+		cm.BinaryData[key] = data
+		items = append(items, corev1.KeyToPath{Key: key, Path: rel})
+		total += len(data) + len(rel) + len(key)
+		return nil
+	}
+	for _, f := range files {
+		rel, err := contract.NormalizePath(f.RelativePath)
+		if err != nil {
+			return nil, nil, err
+		}
+		data, err := BundleFileBytes(f)
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := add(rel, data); err != nil {
+			return nil, nil, err
+		}
+	}
+	for _, rel := range slices.Sorted(maps.Keys(extra)) {
+		if err := add(rel, extra[rel]); err != nil {
+			return nil, nil, err
+		}
+	}
+	if total > MaxBundleBytes {
+		return nil, nil, fmt.Errorf("bundle is %d bytes; a ConfigMap holds at most %d", total, MaxBundleBytes)
+	}
+	return cm, items, nil
+}
+
+// BundleFileBytes is a bundle file's decoded contents.
+func BundleFileBytes(f contract.BundleFile) ([]byte, error) {
+	if f.Encoding != "base64" {
+		return []byte(f.Contents), nil
+	}
+	data, err := base64.StdEncoding.DecodeString(f.Contents)
+	if err != nil {
+		return nil, fmt.Errorf("decode bundle file %s: %w", f.RelativePath, err)
+	}
+	return data, nil
 }
 
 func emptyDir(name string) corev1.Volume {
