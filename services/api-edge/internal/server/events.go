@@ -77,7 +77,12 @@ func (s *Server) events(c *gin.Context) {
 		s.fail(c, err)
 		return
 	}
-	defer unfollow()
+	owned := true // false once a hijacked connection owns the follower
+	defer func() {
+		if owned {
+			unfollow()
+		}
+	}()
 	terminal := rec.Status.Terminal()
 
 	w := c.Writer
@@ -103,9 +108,13 @@ func (s *Server) events(c *gin.Context) {
 		defer t.Stop()
 		grace = t.C
 	} else {
-		s.m.sseClients.Inc()
-		defer s.m.sseClients.Dec()
 		release := s.presence.Acquire(id)
+		s.m.sseClients.Inc()
+		if s.hijackSSE(c, f, st, subject, unfollow, release) {
+			owned = false
+			return
+		}
+		defer s.m.sseClients.Dec()
 		defer release()
 	}
 
@@ -123,47 +132,55 @@ func (s *Server) events(c *gin.Context) {
 			}
 			w.Flush()
 		case <-f.wake:
-			e, ok := f.next()
-			if !ok {
-				break
-			}
-			if e.Seq <= st.last {
-				continue
-			}
-			if e.Seq > st.last+1 {
-				// Entries were dropped for this slow client: fill the hole
-				// from the log (only the hole is read).
-				s.m.streamRepairs.WithLabelValues("sse").Inc()
-				if done, err := s.replay(ctx, st, subject, e.Seq-1); done || err != nil {
-					return
-				}
-				if e.Seq <= st.last {
-					continue // the hole's read reached past it (evictions)
-				}
-			}
-			done, err := st.write(e, false)
-			if err != nil || done {
+			done, err := s.drain(ctx, st, f, subject)
+			if done || err != nil {
 				return
 			}
-			if f.waiting() == 0 {
-				w.Flush()
-			}
-		}
-		if f.lagged.Load() && f.waiting() == 0 {
-			f.lagged.Store(false)
-			if f.last() > st.last {
-				s.m.streamRepairs.WithLabelValues("sse").Inc()
-			}
-			if done, err := s.replay(ctx, st, subject, f.last()); done || err != nil {
-				return
-			}
+			w.Flush()
 		}
 	}
 }
 
+// drain writes the live entries waiting in f (filling a hole from the log
+// first), then refills a lagged client from the log once its queue is
+// empty; done reports that a terminal status was written.
+func (s *Server) drain(ctx context.Context, st *sseStream, f *follower, subject string) (done bool, err error) {
+	for {
+		e, ok := f.next()
+		if !ok {
+			break
+		}
+		if e.Seq <= st.last {
+			continue
+		}
+		if e.Seq > st.last+1 {
+			// Entries were dropped for this slow client: fill the hole
+			// from the log (only the hole is read).
+			s.m.streamRepairs.WithLabelValues("sse").Inc()
+			if done, err := s.replay(ctx, st, subject, e.Seq-1); done || err != nil {
+				return done, err
+			}
+			if e.Seq <= st.last {
+				continue // the hole's read reached past it (evictions)
+			}
+		}
+		if done, err := st.write(e, false); done || err != nil {
+			return done, err
+		}
+	}
+	if f.lagged.Load() && f.waiting() == 0 {
+		f.lagged.Store(false)
+		if f.last() > st.last {
+			s.m.streamRepairs.WithLabelValues("sse").Inc()
+		}
+		return s.replay(ctx, st, subject, f.last())
+	}
+	return false, nil
+}
+
 // sseStream writes SSE frames, remembering the last id written.
 type sseStream struct {
-	w     gin.ResponseWriter
+	w     flushWriter
 	last  uint64
 	first bool
 	buf   []byte
@@ -176,13 +193,7 @@ func (st *sseStream) write(e bus.Entry, gap bool) (done bool, err error) {
 		b = append(b, "event: gap\ndata: {\"reason\":\"buffer_evicted\"}\n\n"...)
 	}
 	st.first = false
-	b = append(b, "id: "...)
-	b = strconv.AppendUint(b, e.Seq, 10)
-	b = append(b, "\nevent: "...)
-	b = append(b, e.Header.Get(bus.HeaderType)...)
-	b = append(b, "\ndata: "...)
-	b = append(b, e.Data...)
-	b = append(b, "\n\n"...)
+	b = appendFrame(b, e)
 	st.buf = b
 	if _, err := st.w.Write(b); err != nil {
 		return false, err
@@ -193,6 +204,24 @@ func (st *sseStream) write(e bus.Entry, gap bool) (done bool, err error) {
 		return true, nil
 	}
 	return false, nil
+}
+
+// flushWriter is where an SSE stream writes: net/http's response, or a
+// hijacked connection's chunk writer.
+type flushWriter interface {
+	Write([]byte) (int, error)
+	Flush()
+}
+
+// appendFrame appends e's SSE frame (6.3).
+func appendFrame(b []byte, e bus.Entry) []byte {
+	b = append(b, "id: "...)
+	b = strconv.AppendUint(b, e.Seq, 10)
+	b = append(b, "\nevent: "...)
+	b = append(b, e.Header.Get(bus.HeaderType)...)
+	b = append(b, "\ndata: "...)
+	b = append(b, e.Data...)
+	return append(b, "\n\n"...)
 }
 
 // replay writes the log's entries after st.last up to and including upTo,

@@ -41,6 +41,8 @@ type topic struct {
 	room    *sync.Cond // on hub.mu: a follower took an entry, left, or the topic stopped
 	waiting atomic.Bool
 	h       *hub
+	// frame and chunk are deliver's encoding buffers (under hub.mu).
+	frame, chunk []byte
 }
 
 // follower is one client's live feed: a queue that holds memory only for
@@ -53,6 +55,7 @@ type follower struct {
 	queued     atomic.Int64 // payload bytes waiting
 	lagged     atomic.Bool  // an entry was dropped: repair from the log
 	t          *topic
+	d          *sseConn // under hub.mu: a hijacked SSE client (nil: the client reads q itself)
 
 	mu   sync.Mutex
 	q    []bus.Entry // q[head:] wait
@@ -210,12 +213,30 @@ func (h *hub) deliver(t *topic, e bus.Entry) {
 	}
 	t.waiting.Store(false)
 	t.last.Store(e.Seq)
+	var chunk []byte // e's SSE frame, encoded once for every direct client
+	terminal := false
 	for f := range t.clients {
+		if d := f.d; d != nil && d.mode == sseDirect {
+			if chunk == nil {
+				terminal = e.Header.Get(bus.HeaderTerminal) != ""
+				t.frame = appendFrame(t.frame[:0], e)
+				t.chunk = appendChunk(t.chunk[:0], t.frame)
+				if terminal {
+					t.chunk = append(t.chunk, lastChunk...)
+				}
+				chunk = t.chunk
+			}
+			d.deliverLocked(e, chunk, terminal)
+			continue
+		}
 		if f.full(size) {
 			f.lagged.Store(true)
 			continue
 		}
 		f.push(e) // room checked above; only deliver pushes
+	}
+	if cap(t.chunk) > 64<<10 {
+		t.frame, t.chunk = nil, nil // keep no large buffer between events
 	}
 }
 

@@ -64,6 +64,10 @@ type Server struct {
 	// ctx ends the long-lived streams on shutdown; wg waits for them.
 	ctx context.Context
 	wg  sync.WaitGroup
+
+	// watch finds hijacked SSE clients that hung up (started on first use).
+	watchOnce sync.Once
+	watch     *sseWatcher
 }
 
 // New builds the router. Streams end when ctx does.
