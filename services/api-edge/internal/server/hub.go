@@ -41,8 +41,14 @@ type topic struct {
 	room    *sync.Cond // on hub.mu: a follower took an entry, left, or the topic stopped
 	waiting atomic.Bool
 	h       *hub
-	// frame and chunk are deliver's encoding buffers (under hub.mu).
-	frame, chunk []byte
+	// Direct delivery to hijacked SSE clients (ssehijack.go), under hub.mu:
+	// how many clients are direct, the entries waiting for the topic's
+	// writer, whether it runs, and a heartbeat it owes.
+	ndirect  int
+	pend     *sseBatch
+	writerOn bool
+	beatDue  bool
+	wake     chan struct{} // cap 1: the writer has work
 }
 
 // follower is one client's live feed: a queue that holds memory only for
@@ -213,20 +219,12 @@ func (h *hub) deliver(t *topic, e bus.Entry) {
 	}
 	t.waiting.Store(false)
 	t.last.Store(e.Seq)
-	var chunk []byte // e's SSE frame, encoded once for every direct client
-	terminal := false
+	if t.ndirect > 0 {
+		t.pend.add(e) // the topic's writer takes it to every direct client
+		t.signalWriter()
+	}
 	for f := range t.clients {
 		if d := f.d; d != nil && d.mode == sseDirect {
-			if chunk == nil {
-				terminal = e.Header.Get(bus.HeaderTerminal) != ""
-				t.frame = appendFrame(t.frame[:0], e)
-				t.chunk = appendChunk(t.chunk[:0], t.frame)
-				if terminal {
-					t.chunk = append(t.chunk, lastChunk...)
-				}
-				chunk = t.chunk
-			}
-			d.deliverLocked(e, chunk, terminal)
 			continue
 		}
 		if f.full(size) {
@@ -234,9 +232,6 @@ func (h *hub) deliver(t *topic, e bus.Entry) {
 			continue
 		}
 		f.push(e) // room checked above; only deliver pushes
-	}
-	if cap(t.chunk) > 64<<10 {
-		t.frame, t.chunk = nil, nil // keep no large buffer between events
 	}
 }
 

@@ -153,6 +153,9 @@ func sseBurst(t *testing.T, hijack bool) {
 	defer cancel()
 	subject := bus.EventsSubject(id)
 	writer := bus.NewLog(e.driver, bus.StreamEvents, 50_000_000)
+	// Entries before the clients connect: their replay writes body bytes
+	// before the connection is taken from net/http.
+	appendProgress(t, ctx, writer, subject, 3, 10, false)
 	first, err := writer.Tail(ctx, subject)
 	if err != nil {
 		t.Fatal(err)
@@ -228,6 +231,7 @@ func TestSSEStalledClientDoesNotDelayOthers(t *testing.T) {
 	subject := bus.EventsSubject(id)
 	const n, big = 160, 64 << 10
 	writer := bus.NewLog(e.driver, bus.StreamEvents, 4*n*big)
+	appendProgress(t, ctx, writer, subject, 3, 10, false)
 	first, err := writer.Tail(ctx, subject)
 	if err != nil {
 		t.Fatal(err)
