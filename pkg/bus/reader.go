@@ -152,13 +152,17 @@ func (l *Log) ReadRange(ctx context.Context, subject string, after, upTo uint64,
 	// A bus that does not answer for a moment (a stream electing its
 	// leader) is waited for, as Tail does; direct gets are answered by any
 	// replica.
-	var pos uint64
-	err := Retry(ctx, tailPatience, func(ctx context.Context) (err error) {
-		pos, err = l.locate(ctx, subject, after)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("read %s: %w", subject, err)
+	// From the start (a new client) the first batch finds the subject's
+	// first entry itself: no search (two direct gets fewer per connect).
+	pos := uint64(1)
+	if after > 0 {
+		err := Retry(ctx, tailPatience, func(ctx context.Context) (err error) {
+			pos, err = l.locate(ctx, subject, after)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("read %s: %w", subject, err)
+		}
 	}
 	first := true
 	last := after
