@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"syscall"
 )
@@ -18,9 +19,10 @@ type sseWatcher struct {
 	ep   int
 	wake [2]int // a pipe: a byte on wake[1] ends the wait at shutdown
 
-	mu    sync.Mutex
-	conns map[int]*sseConn
-	err   error
+	mu     sync.Mutex
+	conns  map[int]*sseConn
+	closed bool // under mu: ep is closed (shutdown); its number may be reused
+	err    error
 }
 
 // sseWatch starts the server's watcher on first use (and its heartbeats).
@@ -57,6 +59,9 @@ func (w *sseWatcher) add(d *sseConn) error {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.closed {
+		return errors.New("the edge is shutting down")
+	}
 	w.conns[d.fd] = d
 	ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP | 1<<31 /* EPOLLET */, Fd: int32(d.fd)}
 	if err := syscall.EpollCtl(w.ep, syscall.EPOLL_CTL_ADD, d.fd, &ev); err != nil {
@@ -74,7 +79,7 @@ func (w *sseWatcher) remove(d *sseConn) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.conns[d.fd] == d {
+	if w.conns[d.fd] == d && !w.closed {
 		delete(w.conns, d.fd)
 		_ = syscall.EpollCtl(w.ep, syscall.EPOLL_CTL_DEL, d.fd, nil)
 	}
@@ -83,6 +88,9 @@ func (w *sseWatcher) remove(d *sseConn) {
 func (w *sseWatcher) run(s *Server) {
 	defer s.wg.Done()
 	defer func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.closed = true
 		_ = syscall.Close(w.ep)
 		_ = syscall.Close(w.wake[0])
 		_ = syscall.Close(w.wake[1])
