@@ -236,6 +236,18 @@ func (s *Server) replay(ctx context.Context, st *sseStream, subject string, upTo
 		if upTo <= st.last {
 			return false, nil
 		}
+		if attempt == 0 && upTo-st.last <= sharedReplayEntries {
+			if entries, gap, ok := s.sharedRead(ctx, subject, st.last, upTo); ok {
+				for i, e := range entries {
+					done, werr := st.write(e, gap && i == 0)
+					if done || werr != nil {
+						return done && werr == nil, werr
+					}
+				}
+				st.w.Flush()
+				return false, nil
+			}
+		}
 		var werr error
 		err = s.store.Events().ReadRange(ctx, subject, st.last, upTo, func(e bus.Entry, gap bool) error {
 			if done, werr = st.write(e, gap); done && werr == nil {
@@ -265,6 +277,72 @@ func (s *Server) replay(ctx context.Context, st *sseStream, subject string, upTo
 		wait *= 2
 	}
 }
+
+// Clients that replay the same short range at the same time (a storm of
+// new clients of one session) share one read of the log: the first reads,
+// the others wait for its entries. Each gets what the log held while it
+// was connected, so nothing changes for it; the edge reads the entries
+// once instead of once per client (each read is a few direct gets whose
+// replies the server builds and the client parses).
+const (
+	sharedReplayEntries = 256
+	sharedReplayBytes   = 1 << 20
+)
+
+type replayKey struct {
+	subject     string
+	after, upTo uint64
+}
+
+type replayRead struct {
+	done    chan struct{}
+	entries []bus.Entry
+	gap     bool // on the first entry
+	ok      bool // false: read failed or too large; read alone
+}
+
+// sharedRead reads (after, upTo] of subject, or waits for the same read
+// already under way; ok is false when the caller must read alone.
+func (s *Server) sharedRead(ctx context.Context, subject string, after, upTo uint64) (entries []bus.Entry, gap, ok bool) {
+	k := replayKey{subject, after, upTo}
+	s.readsMu.Lock()
+	if r, found := s.reads[k]; found {
+		s.readsMu.Unlock()
+		select {
+		case <-r.done:
+			return r.entries, r.gap, r.ok
+		case <-ctx.Done():
+			return nil, false, false
+		}
+	}
+	r := &replayRead{done: make(chan struct{})}
+	if s.reads == nil {
+		s.reads = map[replayKey]*replayRead{}
+	}
+	s.reads[k] = r
+	s.readsMu.Unlock()
+	size := 0
+	err := s.store.Events().ReadRange(ctx, subject, after, upTo, func(e bus.Entry, g bool) error {
+		if len(r.entries) == 0 {
+			r.gap = g
+		}
+		if size += len(e.Data); size > sharedReplayBytes {
+			return errTooLarge
+		}
+		r.entries = append(r.entries, e)
+		return nil
+	})
+	if r.ok = err == nil; !r.ok {
+		r.entries = nil
+	}
+	s.readsMu.Lock()
+	delete(s.reads, k)
+	s.readsMu.Unlock()
+	close(r.done)
+	return r.entries, r.gap, r.ok
+}
+
+var errTooLarge = errors.New("range too large to share")
 
 // errStreamDone ends a replay at a terminal status.
 var errStreamDone = errors.New("stream done")

@@ -65,6 +65,10 @@ type Server struct {
 	ctx context.Context
 	wg  sync.WaitGroup
 
+	// reads are the SSE replays under way that others may share.
+	readsMu sync.Mutex
+	reads   map[replayKey]*replayRead
+
 	// watch finds hijacked SSE clients that hung up (started on first use).
 	watchOnce sync.Once
 	watch     *sseWatcher

@@ -349,3 +349,53 @@ func TestSSEHijackedHeartbeat(t *testing.T) {
 	}
 	t.Fatalf("stream ended without a heartbeat: %v", sc.Err())
 }
+
+// Many clients connecting at once replay the same range (sharing reads of
+// the log when they overlap): each gets every entry once, in order, then
+// the live ones.
+func TestSSEConcurrentReplays(t *testing.T) {
+	e := newEnv(t, nil)
+	id := e.do(t, "POST", "/v1/sessions", validCreate(), nil).created(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	subject := bus.EventsSubject(id)
+	writer := bus.NewLog(e.driver, bus.StreamEvents, 50_000_000)
+	appendProgress(t, ctx, writer, subject, 100, 100, false)
+	const clients = 100
+	results := make(chan error, clients)
+	gets := bus.DirectGets()
+	for range clients {
+		go func() {
+			req, _ := http.NewRequestWithContext(ctx, "GET", e.url+"/v1/sessions/"+id+"/events", nil)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				results <- err
+				return
+			}
+			defer resp.Body.Close()
+			got, err := readAll(bufio.NewScanner(resp.Body), 0)
+			if err == nil && got != 110 {
+				err = fmt.Errorf("%d entries, want 110", got)
+			}
+			results <- err
+		}()
+	}
+	waitFor(t, func() string { f, _, _ := sseCounts(e.srv, subject); return fmt.Sprintf("%d followers", f) },
+		func() bool { f, _, _ := sseCounts(e.srv, subject); return f == clients })
+	t.Logf("%d clients replayed 100 entries with %d direct gets", clients, bus.DirectGets()-gets)
+	for i := 100; i < 110; i++ {
+		h := nats.Header{}
+		h.Set(bus.HeaderType, "progress")
+		if i == 109 {
+			h.Set(bus.HeaderTerminal, "stopped")
+		}
+		if _, err := writer.Append(ctx, subject, fmt.Appendf(nil, `{"type":"progress","message":"%d"}`, i), h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range clients {
+		if err := <-results; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
