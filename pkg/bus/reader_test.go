@@ -66,6 +66,33 @@ func TestReadRangeStartsWhereTheReaderIs(t *testing.T) {
 	}
 }
 
+// A reader from the start (a new SSE client) needs no search: one batch,
+// one direct get, from the subject's first entry.
+func TestReadRangeFromStartIsOneRequest(t *testing.T) {
+	js := setup(t, bus.Limits{})
+	ctx := context.Background()
+	log := bus.NewLog(js, bus.StreamIO, 1<<30)
+	a, b := bus.IOSubject("eeeeeeeeeeee", "a"), bus.IOSubject("eeeeeeeeeeee", "b")
+	fill(t, log, 50, a, b)
+	before := bus.DirectGets()
+	var got []uint64
+	if err := log.ReadRange(ctx, a, 0, 10, func(e bus.Entry, gap bool) error {
+		if gap {
+			t.Errorf("gap at %d", e.Seq)
+		}
+		got = append(got, e.Seq)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got) != "[1 2 3 4 5 6 7 8 9 10]" {
+		t.Fatalf("ReadRange(0, 10) = %v", got)
+	}
+	if gets := bus.DirectGets() - before; gets != 1 {
+		t.Fatalf("ReadRange(0, 10) took %d direct gets, want 1", gets)
+	}
+}
+
 // Reading after an evicted position reports the gap on the first entry.
 func TestReadRangeReportsEvictedGap(t *testing.T) {
 	js := setup(t, bus.Limits{})

@@ -77,7 +77,12 @@ func (s *Server) events(c *gin.Context) {
 		s.fail(c, err)
 		return
 	}
-	defer unfollow()
+	owned := true // false once a hijacked connection owns the follower
+	defer func() {
+		if owned {
+			unfollow()
+		}
+	}()
 	terminal := rec.Status.Terminal()
 
 	w := c.Writer
@@ -103,9 +108,13 @@ func (s *Server) events(c *gin.Context) {
 		defer t.Stop()
 		grace = t.C
 	} else {
-		s.m.sseClients.Inc()
-		defer s.m.sseClients.Dec()
 		release := s.presence.Acquire(id)
+		s.m.sseClients.Inc()
+		if s.hijackSSE(c, f, st, subject, unfollow, release) {
+			owned = false
+			return
+		}
+		defer s.m.sseClients.Dec()
 		defer release()
 	}
 
@@ -123,47 +132,55 @@ func (s *Server) events(c *gin.Context) {
 			}
 			w.Flush()
 		case <-f.wake:
-			e, ok := f.next()
-			if !ok {
-				break
-			}
-			if e.Seq <= st.last {
-				continue
-			}
-			if e.Seq > st.last+1 {
-				// Entries were dropped for this slow client: fill the hole
-				// from the log (only the hole is read).
-				s.m.streamRepairs.WithLabelValues("sse").Inc()
-				if done, err := s.replay(ctx, st, subject, e.Seq-1); done || err != nil {
-					return
-				}
-				if e.Seq <= st.last {
-					continue // the hole's read reached past it (evictions)
-				}
-			}
-			done, err := st.write(e, false)
-			if err != nil || done {
+			done, err := s.drain(ctx, st, f, subject)
+			if done || err != nil {
 				return
 			}
-			if f.waiting() == 0 {
-				w.Flush()
-			}
-		}
-		if f.lagged.Load() && f.waiting() == 0 {
-			f.lagged.Store(false)
-			if f.last() > st.last {
-				s.m.streamRepairs.WithLabelValues("sse").Inc()
-			}
-			if done, err := s.replay(ctx, st, subject, f.last()); done || err != nil {
-				return
-			}
+			w.Flush()
 		}
 	}
 }
 
+// drain writes the live entries waiting in f (filling a hole from the log
+// first), then refills a lagged client from the log once its queue is
+// empty; done reports that a terminal status was written.
+func (s *Server) drain(ctx context.Context, st *sseStream, f *follower, subject string) (done bool, err error) {
+	for {
+		e, ok := f.next()
+		if !ok {
+			break
+		}
+		if e.Seq <= st.last {
+			continue
+		}
+		if e.Seq > st.last+1 {
+			// Entries were dropped for this slow client: fill the hole
+			// from the log (only the hole is read).
+			s.m.streamRepairs.WithLabelValues("sse").Inc()
+			if done, err := s.replay(ctx, st, subject, e.Seq-1); done || err != nil {
+				return done, err
+			}
+			if e.Seq <= st.last {
+				continue // the hole's read reached past it (evictions)
+			}
+		}
+		if done, err := st.write(e, false); done || err != nil {
+			return done, err
+		}
+	}
+	if f.lagged.Load() && f.waiting() == 0 {
+		f.lagged.Store(false)
+		if f.last() > st.last {
+			s.m.streamRepairs.WithLabelValues("sse").Inc()
+		}
+		return s.replay(ctx, st, subject, f.last())
+	}
+	return false, nil
+}
+
 // sseStream writes SSE frames, remembering the last id written.
 type sseStream struct {
-	w     gin.ResponseWriter
+	w     flushWriter
 	last  uint64
 	first bool
 	buf   []byte
@@ -176,13 +193,7 @@ func (st *sseStream) write(e bus.Entry, gap bool) (done bool, err error) {
 		b = append(b, "event: gap\ndata: {\"reason\":\"buffer_evicted\"}\n\n"...)
 	}
 	st.first = false
-	b = append(b, "id: "...)
-	b = strconv.AppendUint(b, e.Seq, 10)
-	b = append(b, "\nevent: "...)
-	b = append(b, e.Header.Get(bus.HeaderType)...)
-	b = append(b, "\ndata: "...)
-	b = append(b, e.Data...)
-	b = append(b, "\n\n"...)
+	b = appendFrame(b, e)
 	st.buf = b
 	if _, err := st.w.Write(b); err != nil {
 		return false, err
@@ -193,6 +204,24 @@ func (st *sseStream) write(e bus.Entry, gap bool) (done bool, err error) {
 		return true, nil
 	}
 	return false, nil
+}
+
+// flushWriter is where an SSE stream writes: net/http's response, or a
+// hijacked connection's chunk writer.
+type flushWriter interface {
+	Write([]byte) (int, error)
+	Flush()
+}
+
+// appendFrame appends e's SSE frame (6.3).
+func appendFrame(b []byte, e bus.Entry) []byte {
+	b = append(b, "id: "...)
+	b = strconv.AppendUint(b, e.Seq, 10)
+	b = append(b, "\nevent: "...)
+	b = append(b, e.Header.Get(bus.HeaderType)...)
+	b = append(b, "\ndata: "...)
+	b = append(b, e.Data...)
+	return append(b, "\n\n"...)
 }
 
 // replay writes the log's entries after st.last up to and including upTo,
@@ -206,6 +235,18 @@ func (s *Server) replay(ctx context.Context, st *sseStream, subject string, upTo
 	for attempt := 0; ; attempt++ {
 		if upTo <= st.last {
 			return false, nil
+		}
+		if attempt == 0 && upTo-st.last <= sharedReplayEntries {
+			if entries, gap, ok := s.sharedRead(ctx, subject, st.last, upTo); ok {
+				for i, e := range entries {
+					done, werr := st.write(e, gap && i == 0)
+					if done || werr != nil {
+						return done && werr == nil, werr
+					}
+				}
+				st.w.Flush()
+				return false, nil
+			}
 		}
 		var werr error
 		err = s.store.Events().ReadRange(ctx, subject, st.last, upTo, func(e bus.Entry, gap bool) error {
@@ -236,6 +277,72 @@ func (s *Server) replay(ctx context.Context, st *sseStream, subject string, upTo
 		wait *= 2
 	}
 }
+
+// Clients that replay the same short range at the same time (a storm of
+// new clients of one session) share one read of the log: the first reads,
+// the others wait for its entries. Each gets what the log held while it
+// was connected, so nothing changes for it; the edge reads the entries
+// once instead of once per client (each read is a few direct gets whose
+// replies the server builds and the client parses).
+const (
+	sharedReplayEntries = 256
+	sharedReplayBytes   = 1 << 20
+)
+
+type replayKey struct {
+	subject     string
+	after, upTo uint64
+}
+
+type replayRead struct {
+	done    chan struct{}
+	entries []bus.Entry
+	gap     bool // on the first entry
+	ok      bool // false: read failed or too large; read alone
+}
+
+// sharedRead reads (after, upTo] of subject, or waits for the same read
+// already under way; ok is false when the caller must read alone.
+func (s *Server) sharedRead(ctx context.Context, subject string, after, upTo uint64) (entries []bus.Entry, gap, ok bool) {
+	k := replayKey{subject, after, upTo}
+	s.readsMu.Lock()
+	if r, found := s.reads[k]; found {
+		s.readsMu.Unlock()
+		select {
+		case <-r.done:
+			return r.entries, r.gap, r.ok
+		case <-ctx.Done():
+			return nil, false, false
+		}
+	}
+	r := &replayRead{done: make(chan struct{})}
+	if s.reads == nil {
+		s.reads = map[replayKey]*replayRead{}
+	}
+	s.reads[k] = r
+	s.readsMu.Unlock()
+	size := 0
+	err := s.store.Events().ReadRange(ctx, subject, after, upTo, func(e bus.Entry, g bool) error {
+		if len(r.entries) == 0 {
+			r.gap = g
+		}
+		if size += len(e.Data); size > sharedReplayBytes {
+			return errTooLarge
+		}
+		r.entries = append(r.entries, e)
+		return nil
+	})
+	if r.ok = err == nil; !r.ok {
+		r.entries = nil
+	}
+	s.readsMu.Lock()
+	delete(s.reads, k)
+	s.readsMu.Unlock()
+	close(r.done)
+	return r.entries, r.gap, r.ok
+}
+
+var errTooLarge = errors.New("range too large to share")
 
 // errStreamDone ends a replay at a terminal status.
 var errStreamDone = errors.New("stream done")

@@ -41,6 +41,14 @@ type topic struct {
 	room    *sync.Cond // on hub.mu: a follower took an entry, left, or the topic stopped
 	waiting atomic.Bool
 	h       *hub
+	// Direct delivery to hijacked SSE clients (ssehijack.go), under hub.mu:
+	// how many clients are direct, the entries waiting for the topic's
+	// writer, whether it runs, and a heartbeat it owes.
+	ndirect  int
+	pend     *sseBatch
+	writerOn bool
+	beatDue  bool
+	wake     chan struct{} // cap 1: the writer has work
 }
 
 // follower is one client's live feed: a queue that holds memory only for
@@ -53,6 +61,7 @@ type follower struct {
 	queued     atomic.Int64 // payload bytes waiting
 	lagged     atomic.Bool  // an entry was dropped: repair from the log
 	t          *topic
+	d          *sseConn // under hub.mu: a hijacked SSE client (nil: the client reads q itself)
 
 	mu   sync.Mutex
 	q    []bus.Entry // q[head:] wait
@@ -210,7 +219,14 @@ func (h *hub) deliver(t *topic, e bus.Entry) {
 	}
 	t.waiting.Store(false)
 	t.last.Store(e.Seq)
+	if t.ndirect > 0 {
+		t.pend.add(e) // the topic's writer takes it to every direct client
+		t.signalWriter()
+	}
 	for f := range t.clients {
+		if d := f.d; d != nil && d.mode == sseDirect {
+			continue
+		}
 		if f.full(size) {
 			f.lagged.Store(true)
 			continue

@@ -64,6 +64,14 @@ type Server struct {
 	// ctx ends the long-lived streams on shutdown; wg waits for them.
 	ctx context.Context
 	wg  sync.WaitGroup
+
+	// reads are the SSE replays under way that others may share.
+	readsMu sync.Mutex
+	reads   map[replayKey]*replayRead
+
+	// watch finds hijacked SSE clients that hung up (started on first use).
+	watchOnce sync.Once
+	watch     *sseWatcher
 }
 
 // New builds the router. Streams end when ctx does.
