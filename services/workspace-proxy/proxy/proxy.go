@@ -125,19 +125,14 @@ func (p *proxy) handle(req micro.Request) {
 		ctx, cancel := context.WithTimeout(context.Background(), opTimeout(req.Subject()))
 		defer cancel()
 		result, err := p.do(ctx, req)
-		var body []byte
-		if err != nil {
-			var ce *contract.Error
-			if !errors.As(err, &ce) {
-				ce = contract.Errorf("workspace_error", "%v", err)
-			}
-			body, _ = json.Marshal(ce)
-		} else if f, ok := result.(framed); ok {
-			body, _ = contract.AppendFrame(map[string]any{"ok": true, "result": f.result}, f.data)
+		if f, ok := result.(framed); ok && err == nil {
+			err = bus.ReplyFrame(req, f.result, f.data)
+		} else if err == nil {
+			err = bus.Reply(req, result)
 		} else {
-			body, _ = json.Marshal(map[string]any{"ok": true, "result": result})
+			err = bus.ReplyErrorAs(req, err, "workspace_error")
 		}
-		if err := req.Respond(body); err != nil {
+		if err != nil {
 			p.log.Warn("respond", "subject", req.Subject(), "err", err)
 		}
 	}()
@@ -147,7 +142,7 @@ func (p *proxy) handle(req micro.Request) {
 // the whole workspace (a first checkpoint of a large one, everything), the
 // others one request to the workspace server.
 func opTimeout(subject string) time.Duration {
-	if op := bus.WSOp(subject); op == bus.WSCheckpoint || op == bus.WSRestore {
+	if op := bus.Op(subject); op == bus.WSCheckpoint || op == bus.WSRestore {
 		return 5 * time.Minute
 	}
 	return wsclient.Timeout + 5*time.Second
@@ -155,11 +150,10 @@ func opTimeout(subject string) time.Duration {
 
 // do resolves the session's workspace and performs one operation.
 func (p *proxy) do(ctx context.Context, req micro.Request) (any, error) {
-	parts := strings.Split(req.Subject(), ".")
-	if len(parts) != 4 {
+	id, op, ok := bus.SessionOp(req.Subject())
+	if !ok {
 		return nil, contract.Errorf("invalid_request", "bad subject %q", req.Subject())
 	}
-	id, op := parts[2], parts[3]
 	rec, _, err := p.store.Get(ctx, id)
 	if errors.Is(err, session.ErrNotFound) {
 		return nil, contract.Errorf("not_found", "session '%s' not in registry", id)

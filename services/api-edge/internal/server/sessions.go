@@ -13,7 +13,6 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nuid"
 
 	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/checkpoint"
@@ -242,7 +241,7 @@ func (s *Server) admitAndStart(c *gin.Context, mode string, apps []session.App, 
 // acknowledgement) is de-duplicated by JetStream, and a later start of the
 // same session (a resume) is not.
 func (s *Server) publishStart(ctx context.Context, id string, requested time.Time) error {
-	if err := s.store.RequestStart(ctx, id, bus.StartMsgID(id, requested)); err != nil {
+	if err := s.store.RequestStart(ctx, id, bus.StartAttempt(requested)); err != nil {
 		return fmt.Errorf("publish start %s: %w", id, err)
 	}
 	return nil
@@ -450,7 +449,7 @@ func (s *Server) requestAdopt(ctx context.Context, id string) error {
 	if _, _, err := s.store.Owner(ctx, id); err == nil {
 		return nil // owned: its owner is between subscriptions (starting)
 	}
-	if err := s.store.RequestAdopt(ctx, id, "adopt-"+id+"-"+nuid.Next()); err != nil {
+	if err := s.store.RequestAdopt(ctx, id, bus.AdoptAttempt(time.Now(), bus.Limits{}.Defaults().OwnerTTL)); err != nil {
 		return fmt.Errorf("publish adopt %s: %w", id, err)
 	}
 	return nil

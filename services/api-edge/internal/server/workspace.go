@@ -100,27 +100,18 @@ func (s *Server) wsCall(ctx context.Context, id, op string, req, result any) err
 func (s *Server) wsExchange(ctx context.Context, id, op string, body []byte, result any) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, wsTimeout)
 	defer cancel()
-	reply, err := s.nc.RequestWithContext(ctx, bus.WSSubject(id, op), body)
-	if err != nil {
-		if errors.Is(err, nats.ErrNoResponders) {
-			return nil, contract.Errorf("workspace_error", "no workspace-proxy is running")
-		}
+	raw, data, err := bus.Call(ctx, s.nc, &nats.Msg{Subject: bus.WSSubject(id, op), Data: body})
+	var ce *contract.Error
+	switch {
+	case errors.As(err, &ce):
+		return nil, ce
+	case errors.Is(err, nats.ErrNoResponders):
+		return nil, contract.Errorf("workspace_error", "no workspace-proxy is running")
+	case err != nil:
 		return nil, contract.Errorf("workspace_error", "workspace %s: %v", op, err)
 	}
-	head, data := contract.SplitFrame(reply.Data)
-	var ans struct {
-		Error   string          `json:"error"`
-		Message string          `json:"message"`
-		Result  json.RawMessage `json:"result"`
-	}
-	if err := json.Unmarshal(head, &ans); err != nil {
-		return nil, contract.Errorf("workspace_error", "workspace %s: undecodable reply", op)
-	}
-	if ans.Error != "" {
-		return nil, &contract.Error{Code: ans.Error, Message: ans.Message}
-	}
 	if result != nil {
-		if err := json.Unmarshal(ans.Result, result); err != nil {
+		if err := json.Unmarshal(raw, result); err != nil {
 			return nil, contract.Errorf("workspace_error", "workspace %s: undecodable result", op)
 		}
 	}

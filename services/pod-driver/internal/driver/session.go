@@ -821,7 +821,7 @@ func (o *owned) serveCtl() (micro.Service, error) {
 // a DELETE or keystrokes never wait behind a PUT apps. A request that
 // arrives while the session is ending gets a clean answer.
 func (o *owned) handleCtl(req micro.Request) {
-	verb := bus.CtlVerb(req.Subject())
+	verb := bus.Op(req.Subject())
 	switch verb {
 	case bus.CtlStdin, bus.CtlResize:
 		o.handleIO(req, verb)
@@ -924,16 +924,11 @@ func (o *owned) handleSlow(req micro.Request, verb string) {
 }
 
 func respondOK(req micro.Request) {
-	if req.Reply() != "" {
-		_ = req.Respond([]byte(`{"ok":true}`))
-	}
+	_ = bus.Reply(req, nil)
 }
 
 func respondErr(req micro.Request, code, msg string) {
-	if req.Reply() != "" {
-		b, _ := json.Marshal(contract.Error{Code: code, Message: msg})
-		_ = req.Respond(b)
-	}
+	_ = bus.ReplyError(req, &contract.Error{Code: code, Message: msg})
 }
 
 // ledger persists generations in the session record.
