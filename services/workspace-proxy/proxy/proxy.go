@@ -12,8 +12,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +22,7 @@ import (
 	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/checkpoint"
 	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/pkg/envconf"
 	"github.com/telorunner/telorunner/pkg/session"
 	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsclient"
 )
@@ -40,15 +39,9 @@ type Config struct {
 // LoadConfig reads the proxy's variables; unset or empty means the default.
 func LoadConfig(lookup func(string) (string, bool)) (Config, error) {
 	var c Config
-	raw, _ := lookup("RUNNER_CHECKPOINT_HISTORY")
-	if raw = strings.TrimSpace(raw); raw != "" {
-		n, err := strconv.Atoi(raw)
-		if err != nil || n < 1 || n > checkpoint.MaxHistory {
-			return c, fmt.Errorf("RUNNER_CHECKPOINT_HISTORY: must be an integer from 1 to %d, got %q", checkpoint.MaxHistory, raw)
-		}
-		c.History = n
-	}
-	return c, nil
+	e := envconf.New(lookup)
+	e.Int("RUNNER_CHECKPOINT_HISTORY", 1, checkpoint.MaxHistory, &c.History)
+	return c, e.Err()
 }
 
 // Deps are the proxy's connections.
