@@ -24,20 +24,6 @@ func newCheckpointStore(ctx context.Context, js jetstream.JetStream, history int
 	return checkpoint.NewStore(ctx, js, checkpoint.Options{History: history})
 }
 
-// checkpoints returns the store the checkpoint and restore operations use.
-// Binding is two stream lookups; a proxy that holds a store from
-// newCheckpointStore can return it here instead.
-func (p *proxy) checkpoints(ctx context.Context) (*checkpoint.Store, error) {
-	if p.ckpt != nil {
-		return p.ckpt, nil
-	}
-	st, err := newCheckpointStore(ctx, p.store.JetStream(), p.history)
-	if err != nil {
-		return nil, contract.Errorf("workspace_error", "%v", err)
-	}
-	return st, nil
-}
-
 // workspace adapts a workspace server client to checkpoint.Workspace:
 // the tree nodes of GET /workspace/node and the blobs.
 type workspace struct{ c *wsclient.Client }
@@ -125,10 +111,7 @@ func (p *proxy) checkpointOp(ctx context.Context, c *wsclient.Client, sessionID 
 	if !checkpoint.ValidReason(req.Reason) {
 		return nil, contract.Errorf("invalid_request", "checkpoint: unknown reason %q", req.Reason)
 	}
-	st, err := p.checkpoints(ctx)
-	if err != nil {
-		return nil, err
-	}
+	st := p.ckpt
 	return take(ctx, st, c, sessionID, req.Reason)
 }
 
@@ -166,30 +149,6 @@ type batchLimits struct {
 // restoreBatch keeps a change set well under the workspace server's 64 MiB
 // body limit once base64 (4/3) and JSON are added.
 var restoreBatch = batchLimits{files: 256, bytes: 8 << 20}
-
-// restoreOp writes every file of the session's checkpoint into its
-// workspace, base64, in change sets of bounded size. Files the checkpoint
-// does not list are left alone (restore targets a fresh workspace). No
-// checkpoint answers no_checkpoint. A failure part-way leaves the change
-// sets already applied.
-func (p *proxy) restoreOp(ctx context.Context, c *wsclient.Client, sessionID string) (any, error) {
-	st, err := p.checkpoints(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return restore(ctx, st, c, sessionID, restoreBatch)
-}
-
-func restore(ctx context.Context, st *checkpoint.Store, c *wsclient.Client, sessionID string, lim batchLimits) (restoreResult, error) {
-	m, ok, err := st.Load(ctx, sessionID)
-	if err != nil {
-		return restoreResult{}, storeErr("restore", sessionID, err)
-	}
-	if !ok {
-		return restoreResult{}, contract.Errorf("no_checkpoint", "session '%s' has no checkpoint", sessionID)
-	}
-	return applyTree(ctx, st, c, sessionID, m, nil, lim)
-}
 
 // applyTree writes every file of m into the workspace, base64, with its
 // mode (when the checkpoint recorded one), in change sets of bounded
@@ -260,10 +219,7 @@ func (p *proxy) restoreTo(ctx context.Context, c *wsclient.Client, rec session.R
 	if err := json.Unmarshal(data, &req); err != nil {
 		return nil, contract.Errorf("invalid_request", "restore: %v", err)
 	}
-	st, err := p.checkpoints(ctx)
-	if err != nil {
-		return nil, err
-	}
+	st := p.ckpt
 	unknown := contract.Errorf("checkpoint_not_found", "session '%s' has no checkpoint '%s'", rec.ID, req.Checkpoint)
 	if !checkpoint.ValidID(req.Checkpoint) {
 		return nil, unknown

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -18,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/checkpoint"
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/session"
 	"github.com/telorunner/telorunner/pkg/testkit"
@@ -40,7 +42,30 @@ func newProxy(t *testing.T) *proxy {
 	if err != nil {
 		t.Fatalf("session.Open() = %v", err)
 	}
-	return &proxy{store: store}
+	ckpt, err := newCheckpointStore(t.Context(), js, 0)
+	if err != nil {
+		t.Fatalf("newCheckpointStore() = %v", err)
+	}
+	return &proxy{store: store, ckpt: ckpt}
+}
+
+// restoreLatest writes every file of the session's latest checkpoint into
+// the workspace c (the restore of a resume, which the driver does while
+// seeding; here it checks what a checkpoint holds). No checkpoint answers
+// no_checkpoint.
+func restoreLatest(ctx context.Context, p *proxy, c *wsclient.Client, sessionID string) (any, error) {
+	return restore(ctx, p.ckpt, c, sessionID, restoreBatch)
+}
+
+func restore(ctx context.Context, st *checkpoint.Store, c *wsclient.Client, sessionID string, lim batchLimits) (restoreResult, error) {
+	m, ok, err := st.Load(ctx, sessionID)
+	if err != nil {
+		return restoreResult{}, storeErr("restore", sessionID, err)
+	}
+	if !ok {
+		return restoreResult{}, contract.Errorf("no_checkpoint", "session '%s' has no checkpoint", sessionID)
+	}
+	return applyTree(ctx, st, c, sessionID, m, nil, lim)
 }
 
 // applyCounter records the change sets a workspace server receives.
@@ -156,7 +181,7 @@ func TestCheckpointRestoreRoundTrip(t *testing.T) {
 	dst := t.TempDir()
 	applies := &applyCounter{}
 	fresh := serveWorkspace(t, dst, applies)
-	res, err = p.restoreOp(ctx, fresh, id)
+	res, err = restoreLatest(ctx, p, fresh, id)
 	if err != nil {
 		t.Fatalf("restoreOp() = %v", err)
 	}
@@ -192,10 +217,7 @@ func TestRestoreBatches(t *testing.T) {
 	if _, err := p.checkpointOp(ctx, serveWorkspace(t, src, nil), id, nil); err != nil {
 		t.Fatalf("checkpointOp() = %v", err)
 	}
-	st, err := p.checkpoints(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := p.ckpt
 	tests := []struct {
 		name        string
 		lim         batchLimits
@@ -230,7 +252,7 @@ func TestRestoreBatches(t *testing.T) {
 
 func TestRestoreWithoutCheckpoint(t *testing.T) {
 	p := newProxy(t)
-	_, err := p.restoreOp(t.Context(), serveWorkspace(t, t.TempDir(), nil), contract.NewSessionID())
+	_, err := restoreLatest(t.Context(), p, serveWorkspace(t, t.TempDir(), nil), contract.NewSessionID())
 	var ce *contract.Error
 	if !errors.As(err, &ce) || ce.Code != "no_checkpoint" {
 		t.Fatalf("restoreOp() = %v, want no_checkpoint", err)
@@ -262,7 +284,7 @@ func TestCheckpointWorkspaceFailure(t *testing.T) {
 		t.Fatalf("mapErr() = %v, want workspace_error", ce)
 	}
 	applies := &applyCounter{}
-	if _, err := p.restoreOp(ctx, serveWorkspace(t, t.TempDir(), applies), id); err != nil || applies.n != 1 {
+	if _, err := restoreLatest(ctx, p, serveWorkspace(t, t.TempDir(), applies), id); err != nil || applies.n != 1 {
 		t.Fatalf("restoreOp() = %v after %d change sets; want the previous checkpoint restored", err, applies.n)
 	}
 }

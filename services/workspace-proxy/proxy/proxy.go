@@ -76,7 +76,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	}); err != nil {
 		return err
 	}
-	p := &proxy{store: store, ckpt: cps, history: cfg.History, log: log, sem: make(chan struct{}, cfg.MaxInFlight), hc: &http.Client{}, maxPayload: d.NC.MaxPayload()}
+	p := &proxy{store: store, ckpt: cps, log: log, sem: make(chan struct{}, cfg.MaxInFlight), hc: &http.Client{}, maxPayload: d.NC.MaxPayload()}
 	svc, err := micro.AddService(d.NC, micro.Config{
 		Name: bus.ServiceWS, Version: "0.1.0",
 		Description: "Workspace operations of watch sessions",
@@ -96,13 +96,12 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 }
 
 type proxy struct {
-	store   *session.Store
-	ckpt    *checkpoint.Store
-	history int // Options.History of a store bound later (checkpoints)
-	log     *slog.Logger
-	sem     chan struct{}
-	wg      sync.WaitGroup
-	hc      *http.Client
+	store *session.Store
+	ckpt  *checkpoint.Store
+	log   *slog.Logger
+	sem   chan struct{}
+	wg    sync.WaitGroup
+	hc    *http.Client
 	// maxPayload is the bus's message bound, which every reply must fit.
 	maxPayload int64
 }
@@ -162,7 +161,7 @@ func (p *proxy) do(ctx context.Context, req micro.Request) (any, error) {
 	}
 	c := wsclient.New(rec.Workspace, p.hc)
 	var res any
-	if op == bus.WSRestore && len(req.Data()) > 0 {
+	if op == bus.WSRestore {
 		res, err = p.restoreTo(ctx, c, rec, req.Data())
 	} else {
 		res, err = p.op(ctx, c, id, op, req.Data())
@@ -177,8 +176,6 @@ func (p *proxy) op(ctx context.Context, c *wsclient.Client, id, op string, data 
 	switch op {
 	case bus.WSCheckpoint:
 		return p.checkpointOp(ctx, c, id, data)
-	case bus.WSRestore:
-		return p.restoreOp(ctx, c, id)
 	case bus.WSTree:
 		return c.Tree(ctx)
 	case bus.WSRead:

@@ -18,6 +18,7 @@ import (
 	"github.com/telorunner/telorunner/pkg/checkpoint"
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/session"
+	"github.com/telorunner/telorunner/services/api-edge/internal/decode"
 )
 
 var appNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
@@ -47,7 +48,7 @@ func (s *Server) createSession(c *gin.Context) {
 	if !ok {
 		return
 	}
-	req, err := parseCreate(data)
+	req, err := decode.Create(data)
 	if err != nil {
 		s.fail(c, err)
 		return
@@ -136,7 +137,7 @@ func (s *Server) createAppSession(c *gin.Context) {
 	if !ok {
 		return
 	}
-	req, err := parseAppRequest(data)
+	req, err := decode.App(data)
 	if err != nil {
 		s.fail(c, err)
 		return

@@ -16,6 +16,7 @@ import (
 	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/session"
+	"github.com/telorunner/telorunner/services/api-edge/internal/decode"
 )
 
 // wsTimeout bounds one workspace operation (9.4: 30 s per request).
@@ -182,39 +183,39 @@ func (s *Server) postWorkspace(c *gin.Context) {
 
 func parseChangeSet(data []byte) (contract.ChangeSet, error) {
 	var cs contract.ChangeSet
-	body, err := parseObject(data, "body")
+	body, err := decode.Parse(data, "body")
 	if err != nil {
 		return cs, err
 	}
-	writes, _, err := body.array("write", false)
+	writes, _, err := body.Array("write", false)
 	if err != nil {
 		return cs, err
 	}
 	for i, w := range writes {
-		o, err := asObject(w, fmt.Sprintf("body/write/%d", i))
+		o, err := decode.AsObject(w, fmt.Sprintf("body/write/%d", i))
 		if err != nil {
 			return cs, err
 		}
 		var op contract.WriteOp
-		if op.Path, _, err = o.str("path", true, 1); err != nil {
+		if op.Path, _, err = o.Str("path", true, 1); err != nil {
 			return cs, err
 		}
-		if op.Content, _, err = o.str("content", true, 0); err != nil {
+		if op.Content, _, err = o.Str("content", true, 0); err != nil {
 			return cs, err
 		}
-		if op.Encoding, _, err = o.enum("encoding", false, "utf8", "base64"); err != nil {
+		if op.Encoding, _, err = o.Enum("encoding", false, "utf8", "base64"); err != nil {
 			return cs, err
 		}
 		cs.Write = append(cs.Write, op)
 	}
-	deletes, _, err := body.array("delete", false)
+	deletes, _, err := body.Array("delete", false)
 	if err != nil {
 		return cs, err
 	}
 	for i, d := range deletes {
 		p, ok := d.(string)
 		if !ok || p == "" {
-			return cs, schemaErrf("body/delete/%d must be a non-empty string", i)
+			return cs, decode.Errorf("body/delete/%d must be a non-empty string", i)
 		}
 		cs.Delete = append(cs.Delete, p)
 	}
@@ -373,27 +374,10 @@ func (s *Server) putApps(c *gin.Context) {
 	if !ok {
 		return
 	}
-	body, err := parseObject(data, "body")
+	body, err := decode.Parse(data, "body")
 	var specs []contract.AppSpec
 	if err == nil {
-		var items []any
-		if items, _, err = body.array("apps", true); err == nil {
-			if len(items) < 1 {
-				err = schemaErrf("body/apps must NOT have fewer than 1 items")
-			}
-			for i, it := range items {
-				if err != nil {
-					break
-				}
-				var o obj
-				if o, err = asObject(it, fmt.Sprintf("body/apps/%d", i)); err == nil {
-					var a contract.AppSpec
-					if a, err = parseAppSpec(o); err == nil {
-						specs = append(specs, a)
-					}
-				}
-			}
-		}
+		specs, _, err = body.Apps("apps", true)
 	}
 	if err != nil {
 		s.fail(c, err)
