@@ -89,3 +89,12 @@ func Main(name string, configErr error, serve func(ctx context.Context, env Env)
 		return 0
 	}())
 }
+
+// ServiceLogger is a service's logger: l (slog.Default when nil) with the
+// attribute service=name and args.
+func ServiceLogger(l *slog.Logger, name string, args ...any) *slog.Logger {
+	if l == nil {
+		l = slog.Default()
+	}
+	return l.With(append([]any{"service", name}, args...)...)
+}

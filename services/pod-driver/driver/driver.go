@@ -20,6 +20,7 @@ import (
 	"github.com/telorunner/telorunner/pkg/checkpoint"
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/envconf"
+	"github.com/telorunner/telorunner/pkg/run"
 	"github.com/telorunner/telorunner/pkg/session"
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend"
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/kubernetes/imagebuild"
@@ -162,11 +163,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	log := d.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	log = log.With("service", "pod-driver")
+	log := run.ServiceLogger(d.Logger, "pod-driver")
 	js, err := jetstream.New(d.NC)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)

@@ -23,6 +23,7 @@ import (
 	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/checkpoint"
 	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/pkg/run"
 	"github.com/telorunner/telorunner/pkg/session"
 )
 
@@ -78,11 +79,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	if d.Now == nil {
 		d.Now = time.Now
 	}
-	log := d.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	log = log.With("service", "supervisor", "supervisor", cfg.ID)
+	log := run.ServiceLogger(d.Logger, "supervisor", "supervisor", cfg.ID)
 	js, err := jetstream.New(d.NC)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)

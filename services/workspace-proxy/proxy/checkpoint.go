@@ -14,7 +14,7 @@ import (
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/merkle"
 	"github.com/telorunner/telorunner/pkg/session"
-	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsclient"
+	"github.com/telorunner/telorunner/pkg/wsapi"
 )
 
 // newCheckpointStore binds the checkpoint store (runner_blobs,
@@ -26,7 +26,7 @@ func newCheckpointStore(ctx context.Context, js jetstream.JetStream, history int
 
 // workspace adapts a workspace server client to checkpoint.Workspace:
 // the tree nodes of GET /workspace/node and the blobs.
-type workspace struct{ c *wsclient.Client }
+type workspace struct{ c *wsapi.Client }
 
 func (w workspace) Root(ctx context.Context) ([]byte, error) { return w.c.Root(ctx) }
 
@@ -38,7 +38,7 @@ func (w workspace) Blob(ctx context.Context, hash string) ([]byte, error) { retu
 
 // liveFiles lists the live workspace with sizes and modes, by path, from
 // its tree nodes.
-func liveFiles(ctx context.Context, c *wsclient.Client) (map[string]merkle.File, error) {
+func liveFiles(ctx context.Context, c *wsapi.Client) (map[string]merkle.File, error) {
 	data, err := c.Root(ctx)
 	if err != nil {
 		return nil, err
@@ -98,7 +98,7 @@ type checkpointResult struct {
 // ({"reason":"manual"}); none is periodic. A checkpoint asked for by a
 // user or a fork (any reason but periodic) that loses a race with another
 // Take of the session is taken again, so it is never refused for one.
-func (p *proxy) checkpointOp(ctx context.Context, c *wsclient.Client, sessionID string, data []byte) (any, error) {
+func (p *proxy) checkpointOp(ctx context.Context, c *wsapi.Client, sessionID string, data []byte) (any, error) {
 	req := checkpointRequest{Reason: checkpoint.ReasonPeriodic}
 	if len(data) > 0 {
 		if err := json.Unmarshal(data, &req); err != nil {
@@ -117,7 +117,7 @@ func (p *proxy) checkpointOp(ctx context.Context, c *wsclient.Client, sessionID 
 
 // take checkpoints the workspace as reason, again after a lost race
 // unless reason is periodic (the next tick takes that one).
-func take(ctx context.Context, st *checkpoint.Store, c *wsclient.Client, sessionID, reason string) (checkpointResult, error) {
+func take(ctx context.Context, st *checkpoint.Store, c *wsapi.Client, sessionID, reason string) (checkpointResult, error) {
 	for attempt := 1; ; attempt++ {
 		m, stats, err := st.TakeAs(ctx, sessionID, reason, workspace{c})
 		if errors.Is(err, checkpoint.ErrConflict) && reason != checkpoint.ReasonPeriodic && attempt < 5 {
@@ -154,9 +154,9 @@ var restoreBatch = batchLimits{files: 256, bytes: 8 << 20}
 // mode (when the checkpoint recorded one), in change sets of bounded
 // size, then deletes the paths of del (in the last set).
 // A failure part-way leaves the change sets already applied.
-func applyTree(ctx context.Context, st *checkpoint.Store, c *wsclient.Client, sessionID string, m checkpoint.Manifest, del []string, lim batchLimits) (restoreResult, error) {
+func applyTree(ctx context.Context, st *checkpoint.Store, c *wsapi.Client, sessionID string, m checkpoint.Manifest, del []string, lim batchLimits) (restoreResult, error) {
 	res := restoreResult{TakenAt: m.TakenAt}
-	var cs wsclient.ChangeSet
+	var cs wsapi.ChangeSet
 	var pending int64
 	flush := func() error {
 		if len(cs.Write) == 0 && len(cs.Delete) == 0 {
@@ -183,7 +183,7 @@ func applyTree(ctx context.Context, st *checkpoint.Store, c *wsclient.Client, se
 				return res, err
 			}
 		}
-		cs.Write = append(cs.Write, wsclient.WriteOp{Path: path, Encoding: wsclient.EncodingBase64,
+		cs.Write = append(cs.Write, wsapi.WriteOp{Path: path, Encoding: wsapi.EncodingBase64,
 			Content: base64.StdEncoding.EncodeToString(f.Content), Mode: f.Mode})
 		pending += size
 		res.Files++
@@ -214,7 +214,7 @@ type restoreToResult struct {
 // Every app's kernel then sees a change (its entry was written, or is
 // touched), so each reloads through --watch; the tree is recorded as a
 // restore checkpoint. An unknown checkpoint answers checkpoint_not_found.
-func (p *proxy) restoreTo(ctx context.Context, c *wsclient.Client, rec session.Record, data []byte) (any, error) {
+func (p *proxy) restoreTo(ctx context.Context, c *wsapi.Client, rec session.Record, data []byte) (any, error) {
 	var req restoreToRequest
 	if err := json.Unmarshal(data, &req); err != nil {
 		return nil, contract.Errorf("invalid_request", "restore: %v", err)
@@ -274,7 +274,7 @@ func (p *proxy) restoreTo(ctx context.Context, c *wsclient.Client, rec session.R
 // storeErr keeps workspace server failures for mapErr and reports store
 // failures as workspace_error naming the operation.
 func storeErr(op, sessionID string, err error) error {
-	var we *wsclient.Error
+	var we *wsapi.Error
 	if errors.As(err, &we) {
 		return err
 	}

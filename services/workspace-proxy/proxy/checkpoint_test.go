@@ -23,7 +23,7 @@ import (
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/session"
 	"github.com/telorunner/telorunner/pkg/testkit"
-	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsclient"
+	"github.com/telorunner/telorunner/pkg/wsapi"
 	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsserver"
 )
 
@@ -53,11 +53,11 @@ func newProxy(t *testing.T) *proxy {
 // the workspace c (the restore of a resume, which the driver does while
 // seeding; here it checks what a checkpoint holds). No checkpoint answers
 // no_checkpoint.
-func restoreLatest(ctx context.Context, p *proxy, c *wsclient.Client, sessionID string) (any, error) {
+func restoreLatest(ctx context.Context, p *proxy, c *wsapi.Client, sessionID string) (any, error) {
 	return restore(ctx, p.ckpt, c, sessionID, restoreBatch)
 }
 
-func restore(ctx context.Context, st *checkpoint.Store, c *wsclient.Client, sessionID string, lim batchLimits) (restoreResult, error) {
+func restore(ctx context.Context, st *checkpoint.Store, c *wsapi.Client, sessionID string, lim batchLimits) (restoreResult, error) {
 	m, ok, err := st.Load(ctx, sessionID)
 	if err != nil {
 		return restoreResult{}, storeErr("restore", sessionID, err)
@@ -83,7 +83,7 @@ type appliedSet struct {
 
 // serveWorkspace runs a real workspace server over dir and returns a
 // client for it.
-func serveWorkspace(t *testing.T, dir string, applies *applyCounter) *wsclient.Client {
+func serveWorkspace(t *testing.T, dir string, applies *applyCounter) *wsapi.Client {
 	t.Helper()
 	srv, err := wsserver.New(wsserver.Options{Dir: dir})
 	if err != nil {
@@ -95,7 +95,7 @@ func serveWorkspace(t *testing.T, dir string, applies *applyCounter) *wsclient.C
 		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.Method == http.MethodPost && r.URL.Path == "/workspace" {
 				body, _ := io.ReadAll(r.Body)
-				var cs wsclient.ChangeSet
+				var cs wsapi.ChangeSet
 				_ = json.Unmarshal(body, &cs) // The server judges the body itself.
 				set := appliedSet{writes: len(cs.Write)}
 				for _, w := range cs.Write {
@@ -113,7 +113,7 @@ func serveWorkspace(t *testing.T, dir string, applies *applyCounter) *wsclient.C
 	}
 	ts := httptest.NewServer(h)
 	t.Cleanup(ts.Close)
-	return wsclient.New(ts.URL, ts.Client())
+	return wsapi.New(ts.URL, ts.Client())
 }
 
 // writeTree writes files under dir.
@@ -275,8 +275,8 @@ func TestCheckpointWorkspaceFailure(t *testing.T) {
 		w.WriteHeader(http.StatusBadGateway)
 	}))
 	defer down.Close()
-	_, err := p.checkpointOp(ctx, wsclient.New(down.URL, down.Client()), id, nil)
-	var we *wsclient.Error
+	_, err := p.checkpointOp(ctx, wsapi.New(down.URL, down.Client()), id, nil)
+	var we *wsapi.Error
 	if !errors.As(err, &we) || we.Status != http.StatusBadGateway {
 		t.Fatalf("checkpointOp() against a failing workspace = %v, want its 502", err)
 	}

@@ -23,8 +23,9 @@ import (
 	"github.com/telorunner/telorunner/pkg/checkpoint"
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/envconf"
+	"github.com/telorunner/telorunner/pkg/run"
 	"github.com/telorunner/telorunner/pkg/session"
-	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsclient"
+	"github.com/telorunner/telorunner/pkg/wsapi"
 )
 
 // Config is the workspace-proxy configuration.
@@ -56,11 +57,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	if cfg.MaxInFlight <= 0 {
 		cfg.MaxInFlight = 64
 	}
-	log := d.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	log = log.With("service", "workspace-proxy")
+	log := run.ServiceLogger(d.Logger, "workspace-proxy")
 	js, err := jetstream.New(d.NC)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
@@ -137,7 +134,7 @@ func opTimeout(subject string) time.Duration {
 	if op := bus.Op(subject); op == bus.WSCheckpoint || op == bus.WSRestore {
 		return 5 * time.Minute
 	}
-	return wsclient.Timeout + 5*time.Second
+	return wsapi.Timeout + 5*time.Second
 }
 
 // do resolves the session's workspace and performs one operation.
@@ -159,7 +156,7 @@ func (p *proxy) do(ctx context.Context, req micro.Request) (any, error) {
 	if rec.Workspace == "" || rec.Status.Kind != contract.StatusRunning {
 		return nil, contract.Errorf("not_running", "session '%s' has no live workspace", id)
 	}
-	c := wsclient.New(rec.Workspace, p.hc)
+	c := wsapi.New(rec.Workspace, p.hc)
 	var res any
 	if op == bus.WSRestore {
 		res, err = p.restoreTo(ctx, c, rec, req.Data())
@@ -172,7 +169,7 @@ func (p *proxy) do(ctx context.Context, req micro.Request) (any, error) {
 	return res, nil
 }
 
-func (p *proxy) op(ctx context.Context, c *wsclient.Client, id, op string, data []byte) (any, error) {
+func (p *proxy) op(ctx context.Context, c *wsapi.Client, id, op string, data []byte) (any, error) {
 	switch op {
 	case bus.WSCheckpoint:
 		return p.checkpointOp(ctx, c, id, data)
@@ -185,7 +182,7 @@ func (p *proxy) op(ctx context.Context, c *wsclient.Client, id, op string, data 
 		}
 		return c.Read(ctx, r.Path, r.Encoding)
 	case bus.WSApply:
-		var cs wsclient.ChangeSet
+		var cs wsapi.ChangeSet
 		if err := json.Unmarshal(data, &cs); err != nil {
 			return nil, contract.Errorf("invalid_request", "apply: %v", err)
 		}
@@ -217,7 +214,7 @@ func (p *proxy) op(ctx context.Context, c *wsclient.Client, id, op string, data 
 // normalizeChangeSet re-normalizes every path: the proxy never trusts its
 // caller to have done so (19.17). A mode is dropped: the /v1 change set
 // has none (only a checkpoint restore sets one).
-func normalizeChangeSet(cs *wsclient.ChangeSet) error {
+func normalizeChangeSet(cs *wsapi.ChangeSet) error {
 	for i, w := range cs.Write {
 		p, err := contract.NormalizePath(w.Path)
 		if err != nil {
@@ -239,16 +236,16 @@ func normalizeChangeSet(cs *wsclient.ChangeSet) error {
 // file is 404 file_not_found, a refused path 400 invalid_path, anything else
 // (including no answer at all) 502 workspace_error.
 func mapErr(err error) error {
-	var we *wsclient.Error
+	var we *wsapi.Error
 	if errors.As(err, &we) {
 		switch we.Code {
-		case wsclient.CodeFileNotFound:
+		case wsapi.CodeFileNotFound:
 			return contract.Errorf("file_not_found", "%s", we.Message)
-		case wsclient.CodeInvalidPath:
+		case wsapi.CodeInvalidPath:
 			return contract.Errorf("invalid_path", "%s", we.Message)
-		case wsclient.CodeFrozen:
+		case wsapi.CodeFrozen:
 			return contract.Errorf("not_running", "%s", we.Message)
-		case wsclient.CodeFileChanged:
+		case wsapi.CodeFileChanged:
 			return contract.Errorf("file_changed", "%s", we.Message)
 		}
 		return contract.Errorf("workspace_error", "%v", err)

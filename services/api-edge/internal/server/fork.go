@@ -69,12 +69,8 @@ func (s *Server) listCheckpoints(c *gin.Context) {
 // takeCheckpoint is POST /v1/sessions/:id/checkpoints: a checkpoint of
 // the live workspace now (reason manual); 201 with its entry.
 func (s *Server) takeCheckpoint(c *gin.Context) {
-	rec, ok := s.watchSession(c)
+	rec, ok := s.liveWatchSession(c)
 	if !ok {
-		return
-	}
-	if !live(rec) {
-		s.fail(c, notRunning(rec))
 		return
 	}
 	var res wsCheckpoint

@@ -42,6 +42,17 @@ func (s *Server) watchSession(c *gin.Context) (session.Record, bool) {
 	return rec, true
 }
 
+// liveWatchSession is watchSession for a route that needs the live
+// workspace: 409 not_running when the session has none.
+func (s *Server) liveWatchSession(c *gin.Context) (session.Record, bool) {
+	rec, ok := s.watchSession(c)
+	if ok && !live(rec) {
+		s.fail(c, notRunning(rec))
+		return rec, false
+	}
+	return rec, ok
+}
+
 func live(rec session.Record) bool {
 	return rec.Status.Kind == contract.StatusRunning && rec.Workspace != ""
 }
@@ -121,12 +132,8 @@ func (s *Server) wsExchange(ctx context.Context, id, op string, body []byte, res
 
 // getWorkspace is GET /v1/sessions/:id/workspace (4.8).
 func (s *Server) getWorkspace(c *gin.Context) {
-	rec, ok := s.watchSession(c)
+	rec, ok := s.liveWatchSession(c)
 	if !ok {
-		return
-	}
-	if !live(rec) {
-		s.fail(c, notRunning(rec))
 		return
 	}
 	s.streamTree(c, rec.ID)
@@ -224,12 +231,8 @@ func parseChangeSet(data []byte) (contract.ChangeSet, error) {
 
 // getWorkspaceFile is GET /v1/sessions/:id/workspace/file (4.10).
 func (s *Server) getWorkspaceFile(c *gin.Context) {
-	rec, ok := s.watchSession(c)
+	rec, ok := s.liveWatchSession(c)
 	if !ok {
-		return
-	}
-	if !live(rec) {
-		s.fail(c, notRunning(rec))
 		return
 	}
 	raw := strings.TrimSpace(c.Query("path"))
@@ -253,12 +256,8 @@ func (s *Server) getWorkspaceFile(c *gin.Context) {
 // reload is POST /v1/sessions/:id/reload[?app=] (4.11): the targets'
 // next generations are marked manual, then their entry manifests touched.
 func (s *Server) reload(c *gin.Context) {
-	rec, ok := s.watchSession(c)
+	rec, ok := s.liveWatchSession(c)
 	if !ok {
-		return
-	}
-	if !live(rec) {
-		s.fail(c, notRunning(rec))
 		return
 	}
 	if !s.chargeReload(c, rec.ID) {
@@ -383,12 +382,8 @@ func (s *Server) putApps(c *gin.Context) {
 		s.fail(c, err)
 		return
 	}
-	rec, ok := s.watchSession(c)
+	rec, ok := s.liveWatchSession(c)
 	if !ok {
-		return
-	}
-	if !live(rec) {
-		s.fail(c, notRunning(rec))
 		return
 	}
 	apps, err := resolveApps(specs, contract.ReservedPorts(contract.ModeWatch, true, len(specs)))

@@ -7,21 +7,23 @@ import (
 	"io/fs"
 	"net/http"
 	"syscall"
+
+	"github.com/telorunner/telorunner/pkg/wsapi"
 )
 
 // Error codes in the "error" field of a failure body.
 const (
-	codeInvalidPath    = "invalid_path"
-	codeInvalidRequest = "invalid_request"
-	codeFileNotFound   = "file_not_found"
-	codeTooLarge       = "payload_too_large"
-	codeUnsafePath     = "unsafe_path"
-	codeWriteFailed    = "write_failed"
-	codeDeleteFailed   = "delete_failed"
-	codeReadFailed     = "read_failed"
-	codeWalkFailed     = "walk_failed"
-	codeInternal       = "internal"
-	codeFrozen         = "workspace_frozen"
+	codeInvalidPath    = wsapi.CodeInvalidPath
+	codeInvalidRequest = wsapi.CodeInvalidRequest
+	codeFileNotFound   = wsapi.CodeFileNotFound
+	codeTooLarge       = wsapi.CodeTooLarge
+	codeUnsafePath     = wsapi.CodeUnsafePath
+	codeWriteFailed    = wsapi.CodeWriteFailed
+	codeDeleteFailed   = wsapi.CodeDeleteFailed
+	codeReadFailed     = wsapi.CodeReadFailed
+	codeWalkFailed     = wsapi.CodeWalkFailed
+	codeInternal       = wsapi.CodeInternal
+	codeFrozen         = wsapi.CodeFrozen
 )
 
 var (

@@ -7,12 +7,14 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
+	"net/url"
 	"sort"
 	"strconv"
 	"time"
 	"unicode/utf8"
 
 	"github.com/telorunner/telorunner/pkg/parallel"
+	"github.com/telorunner/telorunner/pkg/wsapi"
 )
 
 // Paged reads: the runner moves a workspace through a message bus whose
@@ -32,12 +34,12 @@ const (
 
 // Headers of a GET /workspace/range answer.
 const (
-	HeaderSize  = "Workspace-Size"  // the whole file's size in bytes
-	HeaderStamp = "Workspace-Stamp" // the file's version (stampString)
+	HeaderSize  = wsapi.HeaderSize  // the whole file's size in bytes
+	HeaderStamp = wsapi.HeaderStamp // the file's version (stampString)
 )
 
 // codeFileChanged answers a range read during which the file changed.
-const codeFileChanged = "file_changed"
+const codeFileChanged = wsapi.CodeFileChanged
 
 // stampString is an opaque version of a file: identity, size and change
 // times where the platform has them, else size and modification time.
@@ -54,16 +56,9 @@ func stampString(fi fs.FileInfo) string {
 // range is read answers 409 file_changed.
 func (s *Server) getRange(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	if q.Get("path") == "" {
-		return badPath("?path= is required")
-	}
-	p, err := normalize(q.Get("path"))
+	p, offset, err := pathOffset(q)
 	if err != nil {
 		return err
-	}
-	offset, err := intParam(q.Get("offset"), 0, 0, 1<<62)
-	if err != nil {
-		return badRequest("offset: " + err.Error())
 	}
 	length, err := intParam(q.Get("length"), MaxRangeBytes, 0, MaxRangeBytes)
 	if err != nil {
@@ -221,4 +216,21 @@ func (s *Server) hashEntries(ctx context.Context, entries []entry, start time.Ti
 	}
 	s.hashes.mu.Unlock()
 	return hashes, nil
+}
+
+// pathOffset reads the ?path= (required, normalized) and ?offset= (0 when
+// absent) of a range read or a stage.
+func pathOffset(q url.Values) (string, int64, error) {
+	if q.Get("path") == "" {
+		return "", 0, badPath("?path= is required")
+	}
+	p, err := normalize(q.Get("path"))
+	if err != nil {
+		return "", 0, err
+	}
+	offset, err := intParam(q.Get("offset"), 0, 0, 1<<62)
+	if err != nil {
+		return "", 0, badRequest("offset: " + err.Error())
+	}
+	return p, offset, nil
 }

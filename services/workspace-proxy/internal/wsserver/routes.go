@@ -13,25 +13,26 @@ import (
 
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/merkle"
+	"github.com/telorunner/telorunner/pkg/wsapi"
 )
 
 func (s *Server) routes() {
-	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+	s.mux.HandleFunc("GET "+wsapi.RouteHealth, func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	s.mux.HandleFunc("GET /workspace", s.handle(s.getTree))
-	s.mux.HandleFunc("POST /workspace", s.handle(s.writing(s.postApply)))
-	s.mux.HandleFunc("GET /workspace/file", s.handle(s.getFile))
-	s.mux.HandleFunc("GET /workspace/snapshot", s.handle(s.getSnapshot))
-	s.mux.HandleFunc("GET /workspace/blob/{hash}", s.handle(s.getBlob))
-	s.mux.HandleFunc("GET /workspace/node", s.handle(s.getRoot))
-	s.mux.HandleFunc("GET /workspace/node/{hash}", s.handle(s.getNode))
-	s.mux.HandleFunc("POST /workspace/touch", s.handle(s.writing(s.postTouch)))
-	s.mux.HandleFunc("POST /workspace/freeze", s.handle(s.postFreeze))
-	s.mux.HandleFunc("GET /workspace/treepage", s.handle(s.getTreePage))
-	s.mux.HandleFunc("GET /workspace/range", s.handle(s.getRange))
-	s.mux.HandleFunc("POST /workspace/stage", s.handle(s.writing(s.postStage)))
-	s.mux.HandleFunc("DELETE /workspace/stage", s.handle(s.deleteStage))
+	s.mux.HandleFunc("GET "+wsapi.RouteTree, s.handle(s.getTree))
+	s.mux.HandleFunc("POST "+wsapi.RouteTree, s.handle(s.writing(s.postApply)))
+	s.mux.HandleFunc("GET "+wsapi.RouteFile, s.handle(s.getFile))
+	s.mux.HandleFunc("GET "+wsapi.RouteSnapshot, s.handle(s.getSnapshot))
+	s.mux.HandleFunc("GET "+wsapi.RouteBlob+"{hash}", s.handle(s.getBlob))
+	s.mux.HandleFunc("GET "+wsapi.RouteNode, s.handle(s.getRoot))
+	s.mux.HandleFunc("GET "+wsapi.RouteNode+"/{hash}", s.handle(s.getNode))
+	s.mux.HandleFunc("POST "+wsapi.RouteTouch, s.handle(s.writing(s.postTouch)))
+	s.mux.HandleFunc("POST "+wsapi.RouteFreeze, s.handle(s.postFreeze))
+	s.mux.HandleFunc("GET "+wsapi.RouteTreePage, s.handle(s.getTreePage))
+	s.mux.HandleFunc("GET "+wsapi.RouteRange, s.handle(s.getRange))
+	s.mux.HandleFunc("POST "+wsapi.RouteStage, s.handle(s.writing(s.postStage)))
+	s.mux.HandleFunc("DELETE "+wsapi.RouteStage, s.handle(s.deleteStage))
 }
 
 // handle adapts a handler that reports failure by returning an error.

@@ -62,16 +62,9 @@ func (s *Server) postStage(w http.ResponseWriter, r *http.Request) error {
 	if !validUploadID(id) {
 		return badRequest("upload: want 16 to 64 lowercase hex digits")
 	}
-	if q.Get("path") == "" {
-		return badPath("?path= is required")
-	}
-	p, err := normalize(q.Get("path"))
+	p, offset, err := pathOffset(q)
 	if err != nil {
 		return err
-	}
-	offset, err := intParam(q.Get("offset"), 0, 0, 1<<62)
-	if err != nil {
-		return badRequest("offset: " + err.Error())
 	}
 	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 	var tooLarge *http.MaxBytesError
