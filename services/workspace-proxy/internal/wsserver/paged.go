@@ -38,9 +38,6 @@ const (
 	HeaderStamp = wsapi.HeaderStamp // the file's version (stampString)
 )
 
-// codeFileChanged answers a range read during which the file changed.
-const codeFileChanged = wsapi.CodeFileChanged
-
 // stampString is an opaque version of a file: identity, size and change
 // times where the platform has them, else size and modification time.
 func stampString(fi fs.FileInfo) string {
@@ -66,7 +63,7 @@ func (s *Server) getRange(w http.ResponseWriter, r *http.Request) error {
 	}
 	f, fi, err := s.openRegular(p)
 	if err != nil {
-		return fsFailure(codeReadFailed, fmt.Errorf("read %s: %w", p, err))
+		return fsFailure(wsapi.CodeReadFailed, fmt.Errorf("read %s: %w", p, err))
 	}
 	defer func() { _ = f.Close() }() // Read-only: nothing to lose.
 	stamp := stampString(fi)
@@ -74,14 +71,14 @@ func (s *Server) getRange(w http.ResponseWriter, r *http.Request) error {
 	buf := make([]byte, n)
 	got, err := f.ReadAt(buf, offset)
 	if err != nil && !errors.Is(err, io.EOF) {
-		return fsFailure(codeReadFailed, fmt.Errorf("read %s: %w", p, err))
+		return fsFailure(wsapi.CodeReadFailed, fmt.Errorf("read %s: %w", p, err))
 	}
 	after, err := f.Stat()
 	if err != nil {
-		return fsFailure(codeReadFailed, fmt.Errorf("read %s: %w", p, err))
+		return fsFailure(wsapi.CodeReadFailed, fmt.Errorf("read %s: %w", p, err))
 	}
 	if int64(got) != n || stampString(after) != stamp {
-		return &apiError{status: http.StatusConflict, code: codeFileChanged, msg: p + " changed while it was read"}
+		return &apiError{status: http.StatusConflict, code: wsapi.CodeFileChanged, msg: p + " changed while it was read"}
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.FormatInt(n, 10))

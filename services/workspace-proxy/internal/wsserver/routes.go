@@ -50,7 +50,7 @@ func (s *Server) writing(h func(http.ResponseWriter, *http.Request) error) func(
 		s.writes.RLock()
 		defer s.writes.RUnlock()
 		if s.frozen {
-			return &apiError{status: http.StatusConflict, code: codeFrozen, msg: "the workspace is frozen (the session is being suspended): it takes no writes"}
+			return &apiError{status: http.StatusConflict, code: wsapi.CodeFrozen, msg: "the workspace is frozen (the session is being suspended): it takes no writes"}
 		}
 		return h(w, r)
 	}
@@ -202,12 +202,12 @@ func (s *Server) postApply(w http.ResponseWriter, r *http.Request) error {
 			err = s.writeAtomic(wr.path, wr.data)
 		}
 		if err != nil {
-			return fsFailure(codeWriteFailed, fmt.Errorf("write %s: %w", wr.path, err))
+			return fsFailure(wsapi.CodeWriteFailed, fmt.Errorf("write %s: %w", wr.path, err))
 		}
 	}
 	for _, p := range deletes {
 		if err := s.remove(p); err != nil {
-			return fsFailure(codeDeleteFailed, fmt.Errorf("delete %s: %w", p, err))
+			return fsFailure(wsapi.CodeDeleteFailed, fmt.Errorf("delete %s: %w", p, err))
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]int{"written": len(writes), "deleted": len(deletes)})
@@ -245,7 +245,7 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) error {
 	}
 	data, _, err := s.readRegular(p)
 	if err != nil {
-		return fsFailure(codeReadFailed, fmt.Errorf("read %s: %w", p, err))
+		return fsFailure(wsapi.CodeReadFailed, fmt.Errorf("read %s: %w", p, err))
 	}
 	content := string(data)
 	if encoding == "base64" {
@@ -262,7 +262,7 @@ func (s *Server) getBlob(w http.ResponseWriter, r *http.Request) error {
 	}
 	data, err := s.blob(r.Context(), hash)
 	if err != nil {
-		return fsFailure(codeReadFailed, err)
+		return fsFailure(wsapi.CodeReadFailed, err)
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
@@ -307,17 +307,17 @@ func (s *Server) postTouch(w http.ResponseWriter, r *http.Request) error {
 	for _, p := range paths {
 		f, _, err := s.openRegular(p)
 		if err != nil {
-			return fsFailure(codeReadFailed, fmt.Errorf("touch %s: %w", p, err))
+			return fsFailure(wsapi.CodeReadFailed, fmt.Errorf("touch %s: %w", p, err))
 		}
 		_ = f.Close()
 	}
 	for _, p := range paths {
 		data, fi, err := s.readRegular(p)
 		if err != nil {
-			return fsFailure(codeReadFailed, fmt.Errorf("touch %s: %w", p, err))
+			return fsFailure(wsapi.CodeReadFailed, fmt.Errorf("touch %s: %w", p, err))
 		}
 		if err := s.touch(p, data, fi); err != nil {
-			return fsFailure(codeWriteFailed, fmt.Errorf("touch %s: %w", p, err))
+			return fsFailure(wsapi.CodeWriteFailed, fmt.Errorf("touch %s: %w", p, err))
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]int{"touched": len(paths)})
@@ -336,7 +336,7 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge):
-		return &apiError{status: http.StatusRequestEntityTooLarge, code: codeTooLarge,
+		return &apiError{status: http.StatusRequestEntityTooLarge, code: wsapi.CodeTooLarge,
 			msg: fmt.Sprintf("body exceeds %d bytes", MaxBodyBytes)}
 	case err != nil:
 		return badRequest("body: " + err.Error())
