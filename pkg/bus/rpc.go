@@ -134,20 +134,33 @@ func successHead(result any) (replyHead, error) {
 	return replyHead{OK: true, Result: raw}, err
 }
 
-// ReplyError answers req with err through micro's error headers (counted by
-// the service's stats) and the contract error JSON as the body. An error
-// that is not a *contract.Error is sent as code fallback with its text.
+// ReplyError answers req with err through micro's error headers, with the
+// contract error JSON as the body, and has the service's stats count it
+// (micro's Request.Error). An error that is not a *contract.Error is sent as
+// internal_error with its text. Call it only on the handler's goroutine,
+// before the handler returns: micro reads the error when the handler
+// returns. A reply sent later, from another goroutine, goes through
+// ReplyErrorLater.
 func ReplyError(req micro.Request, err error) error {
-	return replyError(req, err, "internal_error")
+	return replyError(req, err, "internal_error", true)
 }
 
 // ReplyErrorAs is ReplyError with the code of an error that is not a
 // *contract.Error.
 func ReplyErrorAs(req micro.Request, err error, fallback string) error {
-	return replyError(req, err, fallback)
+	return replyError(req, err, fallback, true)
 }
 
-func replyError(req micro.Request, err error, fallback string) error {
+// ReplyErrorLater is ReplyErrorAs for a handler that answers on another
+// goroutine after it returned (runner-ws, the slow runner-ctl verbs): the
+// same headers and body, but micro's stats cannot count it (they are
+// taken when the handler returns; calling Request.Error then would race
+// with them).
+func ReplyErrorLater(req micro.Request, err error, fallback string) error {
+	return replyError(req, err, fallback, false)
+}
+
+func replyError(req micro.Request, err error, fallback string, counted bool) error {
 	if req.Reply() == "" {
 		return nil
 	}
@@ -161,7 +174,13 @@ func replyError(req micro.Request, err error, fallback string) error {
 	}
 	// A header value is one line.
 	desc := strings.NewReplacer("\r", " ", "\n", " ").Replace(ce.Message)
-	return req.Error(ce.Code, desc, body)
+	if counted {
+		return req.Error(ce.Code, desc, body)
+	}
+	return req.Respond(body, micro.WithHeaders(micro.Headers{
+		micro.ErrorHeader:     []string{desc},
+		micro.ErrorCodeHeader: []string{ce.Code},
+	}))
 }
 
 // Op is the last token of a runner.ctl.<id>.<verb> or runner.ws.<id>.<op>

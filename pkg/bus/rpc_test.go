@@ -45,6 +45,8 @@ func TestCallReplyError(t *testing.T) {
 			_ = bus.ReplyError(req, want)
 		case bus.WSTouch:
 			_ = bus.ReplyErrorAs(req, errors.New("disk on fire"), "workspace_error")
+		case bus.WSFreeze: // answered after the handler returned, as runner-ws does
+			go func() { _ = bus.ReplyErrorLater(req, contract.Errorf("workspace_frozen", "frozen"), "workspace_error") }()
 		default:
 			_ = bus.ReplyFrame(req, map[string]int{"touched": 3}, []byte("raw\nbytes"))
 		}
@@ -61,6 +63,10 @@ func TestCallReplyError(t *testing.T) {
 	if !errors.As(err, &ce) || ce.Code != "workspace_error" || ce.Message != "disk on fire" {
 		t.Fatalf("CallJSON error = %#v, want workspace_error: disk on fire", err)
 	}
+	err = bus.CallJSON(ctx, edge, bus.WSSubject("aaaaaaaaaaaa", bus.WSFreeze), nil, nil)
+	if !errors.As(err, &ce) || ce.Code != "workspace_frozen" || ce.Message != "frozen" {
+		t.Fatalf("CallJSON error (later) = %#v, want workspace_frozen: frozen", err)
+	}
 	res, data, err := bus.Call(ctx, edge, &nats.Msg{Subject: bus.WSSubject("aaaaaaaaaaaa", bus.WSTree)})
 	if err != nil {
 		t.Fatalf("Call success: %v", err)
@@ -75,8 +81,10 @@ func TestCallReplyError(t *testing.T) {
 		t.Fatalf("endpoints: %d", len(stats.Endpoints))
 	}
 	st := stats.Endpoints[0]
-	if st.NumRequests != 3 || st.NumErrors != 2 {
-		t.Fatalf("stats: %d requests, %d errors; want 3 and 2", st.NumRequests, st.NumErrors)
+	// The later error is not counted: micro takes the stats when the
+	// handler returns.
+	if st.NumRequests != 4 || st.NumErrors != 2 {
+		t.Fatalf("stats: %d requests, %d errors; want 4 and 2", st.NumRequests, st.NumErrors)
 	}
 	if st.LastError != "workspace_error:disk on fire" {
 		t.Fatalf("stats last error = %q", st.LastError)

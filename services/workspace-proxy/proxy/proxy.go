@@ -119,7 +119,7 @@ func (p *proxy) handle(req micro.Request) {
 		} else if err == nil {
 			err = bus.Reply(req, result)
 		} else {
-			err = bus.ReplyErrorAs(req, err, "workspace_error")
+			err = bus.ReplyErrorLater(req, err, "workspace_error") // answered after the handler returned
 		}
 		if err != nil {
 			p.log.Warn("respond", "subject", req.Subject(), "err", err)

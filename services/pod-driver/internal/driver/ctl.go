@@ -81,8 +81,8 @@ func (o *owned) answerEnded(req micro.Request, verb string) {
 	switch verb {
 	case bus.CtlStop:
 		respondOK(req)
-	default:
-		respondErr(req, "not_running", "the session has no live workload")
+	default: // on the handler's goroutine: counted in runner-ctl's stats
+		_ = bus.ReplyError(req, &contract.Error{Code: "not_running", Message: "the session has no live workload"})
 	}
 }
 
@@ -142,6 +142,7 @@ func respondOK(req micro.Request) {
 	_ = bus.Reply(req, nil)
 }
 
+// respondErr answers a slow verb's failure (after the handler returned).
 func respondErr(req micro.Request, code, msg string) {
-	_ = bus.ReplyError(req, &contract.Error{Code: code, Message: msg})
+	_ = bus.ReplyErrorLater(req, &contract.Error{Code: code, Message: msg}, code)
 }
