@@ -174,6 +174,9 @@ func replyError(req micro.Request, err error, fallback string, counted bool) err
 	}
 	// A header value is one line.
 	desc := strings.NewReplacer("\r", " ", "\n", " ").Replace(ce.Message)
+	if desc == "" {
+		desc = ce.Code // micro refuses an empty description
+	}
 	if counted {
 		return req.Error(ce.Code, desc, body)
 	}

@@ -45,6 +45,8 @@ func TestCallReplyError(t *testing.T) {
 			_ = bus.ReplyError(req, want)
 		case bus.WSTouch:
 			_ = bus.ReplyErrorAs(req, errors.New("disk on fire"), "workspace_error")
+		case bus.WSApply:
+			_ = bus.ReplyError(req, &contract.Error{Code: "invalid_path"})
 		case bus.WSFreeze: // answered after the handler returned, as runner-ws does
 			go func() { _ = bus.ReplyErrorLater(req, contract.Errorf("workspace_frozen", "frozen"), "workspace_error") }()
 		default:
@@ -67,6 +69,10 @@ func TestCallReplyError(t *testing.T) {
 	if !errors.As(err, &ce) || ce.Code != "workspace_frozen" || ce.Message != "frozen" {
 		t.Fatalf("CallJSON error (later) = %#v, want workspace_frozen: frozen", err)
 	}
+	err = bus.CallJSON(ctx, edge, bus.WSSubject("aaaaaaaaaaaa", bus.WSApply), nil, nil)
+	if !errors.As(err, &ce) || ce.Code != "invalid_path" || ce.Message != "" {
+		t.Fatalf("CallJSON error (no message) = %#v, want invalid_path with no message", err)
+	}
 	res, data, err := bus.Call(ctx, edge, &nats.Msg{Subject: bus.WSSubject("aaaaaaaaaaaa", bus.WSTree)})
 	if err != nil {
 		t.Fatalf("Call success: %v", err)
@@ -83,10 +89,10 @@ func TestCallReplyError(t *testing.T) {
 	st := stats.Endpoints[0]
 	// The later error is not counted: micro takes the stats when the
 	// handler returns.
-	if st.NumRequests != 4 || st.NumErrors != 2 {
-		t.Fatalf("stats: %d requests, %d errors; want 4 and 2", st.NumRequests, st.NumErrors)
+	if st.NumRequests != 5 || st.NumErrors != 3 {
+		t.Fatalf("stats: %d requests, %d errors; want 5 and 3", st.NumRequests, st.NumErrors)
 	}
-	if st.LastError != "workspace_error:disk on fire" {
+	if st.LastError != "invalid_path:invalid_path" {
 		t.Fatalf("stats last error = %q", st.LastError)
 	}
 }
