@@ -1,10 +1,9 @@
 package bus
 
 import (
-	"fmt"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/telorunner/telorunner/pkg/envconf"
 )
 
 // LoadLimits reads the bus limits from the environment. It is the one
@@ -23,28 +22,10 @@ import (
 //
 // A bad value is an error naming the variable.
 func LoadLimits(lookup func(string) (string, bool)) (Limits, error) {
-	get := func(k string) string { v, _ := lookup(k); return strings.TrimSpace(v) }
 	l := Limits{}.Defaults()
-	if v := get("RUNNER_NATS_REPLICAS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 5 {
-			return l, fmt.Errorf("RUNNER_NATS_REPLICAS: must be 1 to 5, got %q", v)
-		}
-		l.Replicas = n
-	}
-	if v := get("RUNNER_REPLAY_BUFFER_BYTES"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n <= 0 {
-			return l, fmt.Errorf("RUNNER_REPLAY_BUFFER_BYTES: must be a positive integer, got %q", v)
-		}
-		l.ReplayBytes = n
-	}
-	if v := get("RUNNER_OWNER_TTL_MS"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 300 || n > 600000 {
-			return l, fmt.Errorf("RUNNER_OWNER_TTL_MS: must be an integer from 300 to 600000, got %q", v)
-		}
-		l.OwnerTTL = time.Duration(n) * time.Millisecond
-	}
-	return l, nil
+	e := envconf.New(lookup)
+	e.Int("RUNNER_NATS_REPLICAS", 1, 5, &l.Replicas)
+	e.Int64("RUNNER_REPLAY_BUFFER_BYTES", 1, envconf.NoMax, &l.ReplayBytes)
+	e.Duration("RUNNER_OWNER_TTL_MS", time.Millisecond, 300, 600000, &l.OwnerTTL)
+	return l, e.Err()
 }

@@ -10,7 +10,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -169,11 +168,20 @@ func IOSubjects(sessionID string) string { return SubjectIOPrefix + sessionID + 
 // CmdStartSubject is the start command subject of a session.
 func CmdStartSubject(sessionID string) string { return SubjectCmdStartPrefix + sessionID }
 
-// StartMsgID is the Nats-Msg-Id of the start command of sessionID whose
-// start was requested at requested (its record's startRequestedAt): the
-// same for every publish of one start, so JetStream keeps one.
-func StartMsgID(sessionID string, requested time.Time) string {
-	return "start-" + sessionID + "-" + strconv.FormatInt(requested.UnixMilli(), 10)
+// StartAttempt names the attempt of a start requested at requested (the
+// record's startRequestedAt): the same for every publish of one start, so
+// JetStream keeps one (CommandMsgID).
+func StartAttempt(requested time.Time) string {
+	return strconv.FormatInt(requested.UnixMilli(), 10)
+}
+
+// AdoptAttempt names the adoption attempt at now: one per owner-TTL window
+// (ownerTTL, the owners bucket's TTL), so the adopt requests of one window
+// are de-duplicated and the next window's reaches a live driver when the
+// driver given the first died (an adopter claims the owner key first, so a
+// late duplicate does nothing).
+func AdoptAttempt(now time.Time, ownerTTL time.Duration) string {
+	return strconv.FormatInt(now.UnixMilli()/max(ownerTTL.Milliseconds(), 1), 10)
 }
 
 // CtlSubject is the control subject of one verb for a session.
@@ -182,31 +190,8 @@ func CtlSubject(sessionID, verb string) string { return SubjectCtlPrefix + sessi
 // CtlSubjects matches every control verb of a session.
 func CtlSubjects(sessionID string) string { return SubjectCtlPrefix + sessionID + ".*" }
 
-// CtlVerb returns the verb of a control subject ("" when it is not one).
-func CtlVerb(subject string) string {
-	if !strings.HasPrefix(subject, SubjectCtlPrefix) {
-		return ""
-	}
-	i := strings.LastIndexByte(subject, '.')
-	return subject[i+1:]
-}
-
 // WSSubject is the workspace operation subject of a session.
 func WSSubject(sessionID, op string) string { return SubjectWSPrefix + sessionID + "." + op }
-
-// WSOp is the operation of a runner.ws.<id>.<op> subject ("" for any other
-// subject).
-func WSOp(subject string) string {
-	rest, ok := strings.CutPrefix(subject, SubjectWSPrefix)
-	if !ok {
-		return ""
-	}
-	_, op, ok := strings.Cut(rest, ".")
-	if !ok || strings.Contains(op, ".") {
-		return ""
-	}
-	return op
-}
 
 // WSSubjects matches every workspace operation of every session.
 const WSSubjects = SubjectWSPrefix + "*.*"

@@ -24,6 +24,11 @@ type WriteOp struct {
 	Path     string `json:"path"`
 	Content  string `json:"content"`
 	Encoding string `json:"encoding,omitempty"`
+	// Mode, when not 0, gives the file those permission bits (a checkpoint
+	// restore or a seed; internal to runner-ws and the workspace server,
+	// never read from a /v1 client); 0 keeps an existing file's mode and
+	// gives a new one 0644.
+	Mode uint32 `json:"mode,omitempty"`
 	// Staged names an upload (WSStage) holding the content instead of
 	// Content; internal to runner-ws, never read from a client.
 	Staged string `json:"staged,omitempty"`

@@ -6,7 +6,6 @@ package obs
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -18,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/telorunner/telorunner/pkg/envconf"
 )
 
 // NewLogger returns a slog logger at level ("debug", "info", "warn",
@@ -67,14 +68,10 @@ const PprofVar = "RUNNER_PPROF"
 // unset, empty, false, 0 or no leave it off; anything else is an error
 // naming the variable.
 func PprofEnabled(lookup func(string) (string, bool)) (bool, error) {
-	raw, _ := lookup(PprofVar)
-	switch strings.ToLower(strings.TrimSpace(raw)) {
-	case "true", "1", "yes":
-		return true, nil
-	case "", "false", "0", "no":
-		return false, nil
-	}
-	return false, fmt.Errorf("%s: must be true, 1, yes, false, 0 or no, got %q", PprofVar, raw)
+	var on bool
+	e := envconf.New(lookup)
+	e.Bool(PprofVar, &on)
+	return on, e.Err()
 }
 
 // MountPprof adds the runtime profiler (net/http/pprof) under

@@ -89,3 +89,20 @@ func Main(name string, configErr error, serve func(ctx context.Context, env Env)
 		return 0
 	}())
 }
+
+// ServiceLogger is a service's logger: l (slog.Default when nil) with the
+// attribute service=name and args.
+func ServiceLogger(l *slog.Logger, name string, args ...any) *slog.Logger {
+	if l == nil {
+		l = slog.Default()
+	}
+	return l.With(append([]any{"service", name}, args...)...)
+}
+
+// Service is Main for a service whose configuration load reads the
+// environment: a load error exits 2 naming the variable, as Main's
+// configErr; serve gets the configuration.
+func Service[C any](name string, load func(func(string) (string, bool)) (C, error), serve func(ctx context.Context, cfg C, env Env) error) {
+	cfg, err := load(os.LookupEnv)
+	Main(name, err, func(ctx context.Context, env Env) error { return serve(ctx, cfg, env) })
+}

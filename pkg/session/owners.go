@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/telorunner/telorunner/pkg/bus"
@@ -101,24 +100,16 @@ func (s *Store) Present(ctx context.Context, id string) (bool, error) {
 
 // Commands (bus.StreamCmd, pulled by the drivers' consumer).
 
-// RequestStart queues the start command of session id under the
-// de-duplication id msgID.
-func (s *Store) RequestStart(ctx context.Context, id, msgID string) error {
-	return s.publishCommand(ctx, bus.CmdStartSubject(id), id, msgID)
+// RequestStart queues the start command of session id; attempt names
+// the start (bus.StartAttempt), so a retried publish is de-duplicated.
+func (s *Store) RequestStart(ctx context.Context, id, attempt string) error {
+	return bus.PublishCommand(ctx, s.js, bus.CmdStart, id, attempt)
 }
 
 // RequestAdopt asks the drivers to take over session id (its owner key
-// expired) under the de-duplication id msgID.
-func (s *Store) RequestAdopt(ctx context.Context, id, msgID string) error {
-	return s.publishCommand(ctx, bus.SubjectCmdAdopt, id, msgID)
-}
-
-func (s *Store) publishCommand(ctx context.Context, subject, id, msgID string) error {
-	msg := &nats.Msg{Subject: subject, Data: []byte(id), Header: nats.Header{}}
-	msg.Header.Set(bus.HeaderSession, id)
-	msg.Header.Set(jetstream.MsgIDHeader, msgID)
-	_, err := s.js.PublishMsg(ctx, msg)
-	return err
+// expired); attempt names the adoption (bus.AdoptAttempt).
+func (s *Store) RequestAdopt(ctx context.Context, id, attempt string) error {
+	return bus.PublishCommand(ctx, s.js, bus.CmdAdopt, id, attempt)
 }
 
 // DriverConsumer binds the drivers' durable consumer of the command

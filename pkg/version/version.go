@@ -6,6 +6,7 @@ package version
 import (
 	"fmt"
 	"io"
+	"os"
 	"runtime"
 )
 
@@ -41,4 +42,14 @@ func Requested(args []string) bool {
 // Print writes String(name) and a newline to w.
 func Print(w io.Writer, name string) {
 	fmt.Fprintln(w, String(name))
+}
+
+// Handled prints name's version to standard output and reports true when
+// the command line asks for it (Requested): a main then returns.
+func Handled(name string) bool {
+	if !Requested(os.Args[1:]) {
+		return false
+	}
+	Print(os.Stdout, name)
+	return true
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/obs"
+	"github.com/telorunner/telorunner/pkg/run"
 	"github.com/telorunner/telorunner/pkg/session"
 	"github.com/telorunner/telorunner/services/api-edge/internal/baseimage"
 	"github.com/telorunner/telorunner/services/api-edge/internal/config"
@@ -97,11 +98,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	log := d.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	log = log.With("service", "api-edge")
+	log := run.ServiceLogger(d.Logger, "api-edge")
 	reg := d.Registry
 	if reg == nil {
 		reg = obs.NewRegistry()

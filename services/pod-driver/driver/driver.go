@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -20,6 +19,8 @@ import (
 	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/checkpoint"
 	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/pkg/envconf"
+	"github.com/telorunner/telorunner/pkg/run"
 	"github.com/telorunner/telorunner/pkg/session"
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend"
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/kubernetes/imagebuild"
@@ -71,12 +72,9 @@ func LoadConfig(lookup func(string) (string, bool)) (Config, error) {
 	if v := get("RUNNER_BACKEND"); v != "" {
 		c.Backend = v
 	}
-	if v := get("RUNNER_KERNEL_COMMAND"); v != "" {
-		c.KernelCommand = strings.Fields(v)
-	}
-	if v := get("RUNNER_WORKSPACE_SERVER_COMMAND"); v != "" {
-		c.WorkspaceServerCommand = strings.Fields(v)
-	}
+	e := envconf.New(lookup)
+	e.Fields("RUNNER_KERNEL_COMMAND", &c.KernelCommand)
+	e.Fields("RUNNER_WORKSPACE_SERVER_COMMAND", &c.WorkspaceServerCommand)
 	c.WorkDir = get("RUNNER_WORK_DIR")
 	dataDir := get("RUNNER_DATA_DIR")
 	if dataDir == "" {
@@ -85,41 +83,28 @@ func LoadConfig(lookup func(string) (string, bool)) (Config, error) {
 	if c.WorkDir == "" {
 		c.WorkDir = filepath.Join(dataDir, "sessions")
 	}
-	if v := get("RUNNER_REPLAY_BUFFER_BYTES"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n <= 0 {
-			return c, fmt.Errorf("RUNNER_REPLAY_BUFFER_BYTES: must be a positive integer, got %q", v)
-		}
-		c.ReplayBufferBytes = n
+	// The bus limits every service reads the same way (bus.LoadLimits).
+	lim, err := bus.LoadLimits(lookup)
+	if err != nil {
+		return c, err
 	}
+	c.ReplayBufferBytes, c.OwnerTTL = lim.ReplayBytes, lim.OwnerTTL
 	c.ID = get("RUNNER_DRIVER_ID")
-	if v := get("RUNNER_OWNER_TTL_MS"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 300 || n > 600000 {
-			return c, fmt.Errorf("RUNNER_OWNER_TTL_MS: must be an integer from 300 to 600000, got %q", v)
-		}
-		c.OwnerTTL = time.Duration(n) * time.Millisecond
-	}
 	if v := get("RUNNER_APPS"); v != "" {
 		var err error
 		if c.OperatorEnv, err = parseOperatorEnv(v); err != nil {
 			return c, err
 		}
 	}
-	if v := get("RUNNER_RELAY_RETRY_MS"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 10 || n > 60000 {
-			return c, fmt.Errorf("RUNNER_RELAY_RETRY_MS: must be an integer from 10 to 60000, got %q", v)
-		}
-		c.RelayRetry = time.Duration(n) * time.Millisecond
+	e.Duration("RUNNER_RELAY_RETRY_MS", time.Millisecond, 10, 60000, &c.RelayRetry)
+	if err := e.Err(); err != nil {
+		return c, err
 	}
 	if c.Backend == "kubernetes" {
-		var err error
 		if c.Kube, err = loadKubeConfig(get); err != nil {
 			return c, err
 		}
 	} else {
-		var err error
 		withData := func(k string) string {
 			if k == "RUNNER_DATA_DIR" {
 				return dataDir
@@ -178,11 +163,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	log := d.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	log = log.With("service", "pod-driver")
+	log := run.ServiceLogger(d.Logger, "pod-driver")
 	js, err := jetstream.New(d.NC)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)

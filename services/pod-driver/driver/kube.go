@@ -4,13 +4,13 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/telorunner/telorunner/pkg/envconf"
 	"github.com/telorunner/telorunner/pkg/version"
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/kubernetes"
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/kubernetes/imagebuild"
@@ -69,22 +69,16 @@ func loadKubeConfig(get func(string) string) (KubeConfig, error) {
 	default:
 		return c, fmt.Errorf("RUNNER_BUILDER: must be %s or %s, got %q", podspec.BuilderLayer, podspec.BuilderKaniko, c.Builder)
 	}
-	if v := get("RUNNER_BUILD_TIMEOUT_SECONDS"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n <= 0 || n > 86400 {
-			return c, fmt.Errorf("RUNNER_BUILD_TIMEOUT_SECONDS: must be an integer from 1 to 86400, got %q", v)
-		}
-		c.BuildTimeout = time.Duration(n) * time.Second
+	bt := envconf.NewGetenv(get)
+	if bt.Duration("RUNNER_BUILD_TIMEOUT_SECONDS", time.Second, 1, 86400, &c.BuildTimeout); bt.Err() != nil {
+		return c, bt.Err()
 	}
 	limits := func(prefix string, def kubernetes.Limits) (kubernetes.Limits, error) {
 		l := kubernetes.Limits{CPU: or(prefix+"CPU", def.CPU), Memory: or(prefix+"MEMORY", def.Memory),
 			EphemeralStorage: or(prefix+"EPHEMERAL_STORAGE", def.EphemeralStorage), TTLSeconds: def.TTLSeconds}
-		if v := get(prefix + "TTL_SECONDS"); v != "" {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || n <= 0 {
-				return l, fmt.Errorf("%sTTL_SECONDS: must be a positive integer, got %q", prefix, v)
-			}
-			l.TTLSeconds = n
+		e := envconf.NewGetenv(get)
+		if e.Int64(prefix+"TTL_SECONDS", 1, envconf.NoMax, &l.TTLSeconds); e.Err() != nil {
+			return l, e.Err()
 		}
 		// Name the one variable at fault (exit 2 names it, 18.2).
 		for _, f := range []struct{ name, v string }{{"CPU", l.CPU}, {"MEMORY", l.Memory}, {"EPHEMERAL_STORAGE", l.EphemeralStorage}} {
@@ -111,30 +105,12 @@ func loadKubeConfig(get func(string) string) (KubeConfig, error) {
 		return c, err
 	}
 	c.WatchMaxTTLSeconds = kubernetes.DefaultWatchMaxTTL
-	if v := get("RUNNER_WATCH_MAX_TTL_SECONDS"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n <= 0 {
-			return c, fmt.Errorf("RUNNER_WATCH_MAX_TTL_SECONDS: must be a positive integer, got %q", v)
-		}
-		c.WatchMaxTTLSeconds = n
-	}
-	for _, d := range []struct {
-		key string
-		to  *time.Duration
-	}{
-		{"RUNNER_RUN_START_DEADLINE_SECONDS", &c.RunStartDeadline},
-		{"RUNNER_WATCH_START_DEADLINE_SECONDS", &c.WatchStartDeadline},
-		{"RUNNER_WORKSPACE_READY_SECONDS", &c.WorkspaceReady},
-	} {
-		if v := get(d.key); v != "" {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || n <= 0 || n > 86400 {
-				return c, fmt.Errorf("%s: must be an integer from 1 to 86400, got %q", d.key, v)
-			}
-			*d.to = time.Duration(n) * time.Second
-		}
-	}
-	return c, nil
+	e := envconf.NewGetenv(get)
+	e.Int64("RUNNER_WATCH_MAX_TTL_SECONDS", 1, envconf.NoMax, &c.WatchMaxTTLSeconds)
+	e.Duration("RUNNER_RUN_START_DEADLINE_SECONDS", time.Second, 1, 86400, &c.RunStartDeadline)
+	e.Duration("RUNNER_WATCH_START_DEADLINE_SECONDS", time.Second, 1, 86400, &c.WatchStartDeadline)
+	e.Duration("RUNNER_WORKSPACE_READY_SECONDS", time.Second, 1, 86400, &c.WorkspaceReady)
+	return c, e.Err()
 }
 
 // restConfig is in-cluster credentials when running in a pod, else the

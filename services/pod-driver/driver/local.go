@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/telorunner/telorunner/pkg/envconf"
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/local"
 )
 
@@ -38,24 +39,13 @@ func loadLocalConfig(get func(string) string) (LocalConfig, error) {
 	default:
 		return c, fmt.Errorf("RUNNER_LOCAL_SANDBOX: must be on or off, got %q", v)
 	}
-	ints := []struct {
-		name string
-		dst  *int
-		min  int
-	}{
-		{"RUNNER_SANDBOX_UID", &c.SandboxUID, 1},
-		{"RUNNER_SANDBOX_GID", &c.SandboxGID, 1},
-		{"RUNNER_SANDBOX_MAX_PROCS", &c.MaxProcs, 1},
-		{"RUNNER_SANDBOX_MAX_FILES", &c.MaxFiles, 16},
-	}
-	for _, f := range ints {
-		if v := get(f.name); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < f.min || n > 1<<31-2 {
-				return c, fmt.Errorf("%s: must be an integer of at least %d, got %q", f.name, f.min, v)
-			}
-			*f.dst = n
-		}
+	e := envconf.NewGetenv(get)
+	e.Int("RUNNER_SANDBOX_UID", 1, 1<<31-2, &c.SandboxUID)
+	e.Int("RUNNER_SANDBOX_GID", 1, 1<<31-2, &c.SandboxGID)
+	e.Int("RUNNER_SANDBOX_MAX_PROCS", 1, 1<<31-2, &c.MaxProcs)
+	e.Int("RUNNER_SANDBOX_MAX_FILES", 16, 1<<31-2, &c.MaxFiles)
+	if err := e.Err(); err != nil {
+		return c, err
 	}
 	for _, set := range []struct {
 		prefix string
@@ -75,22 +65,14 @@ func loadLocalConfig(get func(string) string) (LocalConfig, error) {
 			}
 			set.dst.TmpBytes = n
 		}
-		if v := get(set.prefix + "TTL_SECONDS"); v != "" {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || n <= 0 || n > 1<<32 {
-				return c, fmt.Errorf("%sTTL_SECONDS: must be a positive integer, got %q", set.prefix, v)
-			}
-			set.dst.TTL = time.Duration(n) * time.Second
+		if e.Duration(set.prefix+"TTL_SECONDS", time.Second, 1, 1<<32, &set.dst.TTL); e.Err() != nil {
+			return c, e.Err()
 		}
 	}
 	// Watch sessions: the app ceilings per process, their own deadline.
 	c.Watch.MemoryBytes, c.Watch.TmpBytes = c.App.MemoryBytes, c.App.TmpBytes
-	if v := get("RUNNER_WATCH_MAX_TTL_SECONDS"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n <= 0 || n > 1<<32 {
-			return c, fmt.Errorf("RUNNER_WATCH_MAX_TTL_SECONDS: must be a positive integer, got %q", v)
-		}
-		c.Watch.TTL = time.Duration(n) * time.Second
+	if e.Duration("RUNNER_WATCH_MAX_TTL_SECONDS", time.Second, 1, 1<<32, &c.Watch.TTL); e.Err() != nil {
+		return c, e.Err()
 	}
 	if d := get("RUNNER_DATA_DIR"); d != "" {
 		abs, err := filepath.Abs(d)

@@ -9,7 +9,6 @@ package supervisor
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,6 +23,7 @@ import (
 	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/checkpoint"
 	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/pkg/run"
 	"github.com/telorunner/telorunner/pkg/session"
 )
 
@@ -79,11 +79,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	if d.Now == nil {
 		d.Now = time.Now
 	}
-	log := d.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	log = log.With("service", "supervisor", "supervisor", cfg.ID)
+	log := run.ServiceLogger(d.Logger, "supervisor", "supervisor", cfg.ID)
 	js, err := jetstream.New(d.NC)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
@@ -267,8 +263,7 @@ func (s *sup) owned(ctx context.Context, rec session.Record) bool {
 	// to a driver that died before acking it waits out the consumer's ack
 	// wait; the next window's request reaches a live driver sooner (an
 	// adopter claims the owner key first, so a late duplicate does nothing).
-	window := max(s.ownerTTL.Milliseconds(), 1)
-	if err := s.store.RequestAdopt(ctx, rec.ID, fmt.Sprintf("adopt-%s-%d", rec.ID, s.now().UnixMilli()/window)); err != nil {
+	if err := s.store.RequestAdopt(ctx, rec.ID, bus.AdoptAttempt(s.now(), s.ownerTTL)); err != nil {
 		s.log.Warn("request adoption", "session", rec.ID, "err", err)
 	} else {
 		s.log.Info("requested adoption of an ownerless session", "session", rec.ID)
@@ -358,11 +353,7 @@ func (s *sup) present(ctx context.Context, id string) (bool, error) {
 func (s *sup) checkpoint(ctx context.Context, id, reason string) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	body, _ := json.Marshal(map[string]string{"reason": reason})
-	reply, err := s.nc.RequestWithContext(ctx, bus.WSSubject(id, bus.WSCheckpoint), body)
-	if err == nil {
-		err = replyErr(reply.Data)
-	}
+	err := bus.CallJSON(ctx, s.nc, bus.WSSubject(id, bus.WSCheckpoint), map[string]string{"reason": reason}, nil)
 	if err != nil {
 		s.m.checkpointFailures.Inc()
 		return fmt.Errorf("checkpoint: %w", err)
@@ -402,11 +393,7 @@ func (s *sup) suspend(ctx context.Context, id string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	reply, err := s.nc.RequestWithContext(ctx, bus.CtlSubject(id, bus.CtlSuspend), nil)
-	if err == nil {
-		err = replyErr(reply.Data)
-	}
-	if err != nil {
+	if err := bus.CallJSON(ctx, s.nc, bus.CtlSubject(id, bus.CtlSuspend), nil, nil); err != nil {
 		return fmt.Errorf("suspend: %w", err)
 	}
 	s.m.suspends.Inc()
@@ -428,17 +415,6 @@ func (s *sup) evict(ctx context.Context, id, why string) {
 	s.mu.Unlock()
 	s.m.evictions.Inc()
 	s.log.Info("evicted session", "session", id, "reason", why)
-}
-
-func replyErr(data []byte) error {
-	var ans struct{ Error, Message string }
-	if err := json.Unmarshal(data, &ans); err != nil {
-		return fmt.Errorf("undecodable reply: %w", err)
-	}
-	if ans.Error != "" {
-		return fmt.Errorf("%s: %s", ans.Error, ans.Message)
-	}
-	return nil
 }
 
 type metrics struct {

@@ -13,7 +13,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -23,6 +22,7 @@ import (
 
 	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/embednats"
+	"github.com/telorunner/telorunner/pkg/envconf"
 	"github.com/telorunner/telorunner/pkg/obs"
 	"github.com/telorunner/telorunner/pkg/run"
 	"github.com/telorunner/telorunner/services/api-edge/edge"
@@ -58,12 +58,9 @@ func LoadConfig(lookup func(string) (string, bool)) (Config, error) {
 	if c.DataDir == "" {
 		c.DataDir = ".telorunner"
 	}
-	if v := get("RUNNER_NATS_PORT"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < -1 || n > 65535 {
-			return c, fmt.Errorf("RUNNER_NATS_PORT: must be a port number or -1, got %q", v)
-		}
-		c.NATSPort = n
+	e := envconf.New(lookup)
+	if e.Int("RUNNER_NATS_PORT", -1, 65535, &c.NATSPort); e.Err() != nil {
+		return c, e.Err()
 	}
 	var err error
 	if c.Limits, err = bus.LoadLimits(lookup); err != nil {

@@ -14,7 +14,7 @@ import (
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/merkle"
 	"github.com/telorunner/telorunner/pkg/session"
-	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsclient"
+	"github.com/telorunner/telorunner/pkg/wsapi"
 )
 
 // newCheckpointStore binds the checkpoint store (runner_blobs,
@@ -24,23 +24,9 @@ func newCheckpointStore(ctx context.Context, js jetstream.JetStream, history int
 	return checkpoint.NewStore(ctx, js, checkpoint.Options{History: history})
 }
 
-// checkpoints returns the store the checkpoint and restore operations use.
-// Binding is two stream lookups; a proxy that holds a store from
-// newCheckpointStore can return it here instead.
-func (p *proxy) checkpoints(ctx context.Context) (*checkpoint.Store, error) {
-	if p.ckpt != nil {
-		return p.ckpt, nil
-	}
-	st, err := newCheckpointStore(ctx, p.store.JetStream(), p.history)
-	if err != nil {
-		return nil, contract.Errorf("workspace_error", "%v", err)
-	}
-	return st, nil
-}
-
 // workspace adapts a workspace server client to checkpoint.Workspace:
 // the tree nodes of GET /workspace/node and the blobs.
-type workspace struct{ c *wsclient.Client }
+type workspace struct{ c *wsapi.Client }
 
 func (w workspace) Root(ctx context.Context) ([]byte, error) { return w.c.Root(ctx) }
 
@@ -52,7 +38,7 @@ func (w workspace) Blob(ctx context.Context, hash string) ([]byte, error) { retu
 
 // liveFiles lists the live workspace with sizes and modes, by path, from
 // its tree nodes.
-func liveFiles(ctx context.Context, c *wsclient.Client) (map[string]merkle.File, error) {
+func liveFiles(ctx context.Context, c *wsapi.Client) (map[string]merkle.File, error) {
 	data, err := c.Root(ctx)
 	if err != nil {
 		return nil, err
@@ -112,7 +98,7 @@ type checkpointResult struct {
 // ({"reason":"manual"}); none is periodic. A checkpoint asked for by a
 // user or a fork (any reason but periodic) that loses a race with another
 // Take of the session is taken again, so it is never refused for one.
-func (p *proxy) checkpointOp(ctx context.Context, c *wsclient.Client, sessionID string, data []byte) (any, error) {
+func (p *proxy) checkpointOp(ctx context.Context, c *wsapi.Client, sessionID string, data []byte) (any, error) {
 	req := checkpointRequest{Reason: checkpoint.ReasonPeriodic}
 	if len(data) > 0 {
 		if err := json.Unmarshal(data, &req); err != nil {
@@ -125,16 +111,13 @@ func (p *proxy) checkpointOp(ctx context.Context, c *wsclient.Client, sessionID 
 	if !checkpoint.ValidReason(req.Reason) {
 		return nil, contract.Errorf("invalid_request", "checkpoint: unknown reason %q", req.Reason)
 	}
-	st, err := p.checkpoints(ctx)
-	if err != nil {
-		return nil, err
-	}
+	st := p.ckpt
 	return take(ctx, st, c, sessionID, req.Reason)
 }
 
 // take checkpoints the workspace as reason, again after a lost race
 // unless reason is periodic (the next tick takes that one).
-func take(ctx context.Context, st *checkpoint.Store, c *wsclient.Client, sessionID, reason string) (checkpointResult, error) {
+func take(ctx context.Context, st *checkpoint.Store, c *wsapi.Client, sessionID, reason string) (checkpointResult, error) {
 	for attempt := 1; ; attempt++ {
 		m, stats, err := st.TakeAs(ctx, sessionID, reason, workspace{c})
 		if errors.Is(err, checkpoint.ErrConflict) && reason != checkpoint.ReasonPeriodic && attempt < 5 {
@@ -167,37 +150,13 @@ type batchLimits struct {
 // body limit once base64 (4/3) and JSON are added.
 var restoreBatch = batchLimits{files: 256, bytes: 8 << 20}
 
-// restoreOp writes every file of the session's checkpoint into its
-// workspace, base64, in change sets of bounded size. Files the checkpoint
-// does not list are left alone (restore targets a fresh workspace). No
-// checkpoint answers no_checkpoint. A failure part-way leaves the change
-// sets already applied.
-func (p *proxy) restoreOp(ctx context.Context, c *wsclient.Client, sessionID string) (any, error) {
-	st, err := p.checkpoints(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return restore(ctx, st, c, sessionID, restoreBatch)
-}
-
-func restore(ctx context.Context, st *checkpoint.Store, c *wsclient.Client, sessionID string, lim batchLimits) (restoreResult, error) {
-	m, ok, err := st.Load(ctx, sessionID)
-	if err != nil {
-		return restoreResult{}, storeErr("restore", sessionID, err)
-	}
-	if !ok {
-		return restoreResult{}, contract.Errorf("no_checkpoint", "session '%s' has no checkpoint", sessionID)
-	}
-	return applyTree(ctx, st, c, sessionID, m, nil, lim)
-}
-
 // applyTree writes every file of m into the workspace, base64, with its
 // mode (when the checkpoint recorded one), in change sets of bounded
 // size, then deletes the paths of del (in the last set).
 // A failure part-way leaves the change sets already applied.
-func applyTree(ctx context.Context, st *checkpoint.Store, c *wsclient.Client, sessionID string, m checkpoint.Manifest, del []string, lim batchLimits) (restoreResult, error) {
+func applyTree(ctx context.Context, st *checkpoint.Store, c *wsapi.Client, sessionID string, m checkpoint.Manifest, del []string, lim batchLimits) (restoreResult, error) {
 	res := restoreResult{TakenAt: m.TakenAt}
-	var cs wsclient.ChangeSet
+	var cs wsapi.ChangeSet
 	var pending int64
 	flush := func() error {
 		if len(cs.Write) == 0 && len(cs.Delete) == 0 {
@@ -224,7 +183,7 @@ func applyTree(ctx context.Context, st *checkpoint.Store, c *wsclient.Client, se
 				return res, err
 			}
 		}
-		cs.Write = append(cs.Write, wsclient.WriteOp{Path: path, Encoding: wsclient.EncodingBase64,
+		cs.Write = append(cs.Write, wsapi.WriteOp{Path: path, Encoding: wsapi.EncodingBase64,
 			Content: base64.StdEncoding.EncodeToString(f.Content), Mode: f.Mode})
 		pending += size
 		res.Files++
@@ -255,15 +214,12 @@ type restoreToResult struct {
 // Every app's kernel then sees a change (its entry was written, or is
 // touched), so each reloads through --watch; the tree is recorded as a
 // restore checkpoint. An unknown checkpoint answers checkpoint_not_found.
-func (p *proxy) restoreTo(ctx context.Context, c *wsclient.Client, rec session.Record, data []byte) (any, error) {
+func (p *proxy) restoreTo(ctx context.Context, c *wsapi.Client, rec session.Record, data []byte) (any, error) {
 	var req restoreToRequest
 	if err := json.Unmarshal(data, &req); err != nil {
 		return nil, contract.Errorf("invalid_request", "restore: %v", err)
 	}
-	st, err := p.checkpoints(ctx)
-	if err != nil {
-		return nil, err
-	}
+	st := p.ckpt
 	unknown := contract.Errorf("checkpoint_not_found", "session '%s' has no checkpoint '%s'", rec.ID, req.Checkpoint)
 	if !checkpoint.ValidID(req.Checkpoint) {
 		return nil, unknown
@@ -318,7 +274,7 @@ func (p *proxy) restoreTo(ctx context.Context, c *wsclient.Client, rec session.R
 // storeErr keeps workspace server failures for mapErr and reports store
 // failures as workspace_error naming the operation.
 func storeErr(op, sessionID string, err error) error {
-	var we *wsclient.Error
+	var we *wsapi.Error
 	if errors.As(err, &we) {
 		return err
 	}

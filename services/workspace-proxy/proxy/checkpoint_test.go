@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -18,10 +19,11 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/checkpoint"
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/session"
 	"github.com/telorunner/telorunner/pkg/testkit"
-	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsclient"
+	"github.com/telorunner/telorunner/pkg/wsapi"
 	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsserver"
 )
 
@@ -40,7 +42,30 @@ func newProxy(t *testing.T) *proxy {
 	if err != nil {
 		t.Fatalf("session.Open() = %v", err)
 	}
-	return &proxy{store: store}
+	ckpt, err := newCheckpointStore(t.Context(), js, 0)
+	if err != nil {
+		t.Fatalf("newCheckpointStore() = %v", err)
+	}
+	return &proxy{store: store, ckpt: ckpt}
+}
+
+// restoreLatest writes every file of the session's latest checkpoint into
+// the workspace c (the restore of a resume, which the driver does while
+// seeding; here it checks what a checkpoint holds). No checkpoint answers
+// no_checkpoint.
+func restoreLatest(ctx context.Context, p *proxy, c *wsapi.Client, sessionID string) (any, error) {
+	return restore(ctx, p.ckpt, c, sessionID, restoreBatch)
+}
+
+func restore(ctx context.Context, st *checkpoint.Store, c *wsapi.Client, sessionID string, lim batchLimits) (restoreResult, error) {
+	m, ok, err := st.Load(ctx, sessionID)
+	if err != nil {
+		return restoreResult{}, storeErr("restore", sessionID, err)
+	}
+	if !ok {
+		return restoreResult{}, contract.Errorf("no_checkpoint", "session '%s' has no checkpoint", sessionID)
+	}
+	return applyTree(ctx, st, c, sessionID, m, nil, lim)
 }
 
 // applyCounter records the change sets a workspace server receives.
@@ -58,7 +83,7 @@ type appliedSet struct {
 
 // serveWorkspace runs a real workspace server over dir and returns a
 // client for it.
-func serveWorkspace(t *testing.T, dir string, applies *applyCounter) *wsclient.Client {
+func serveWorkspace(t *testing.T, dir string, applies *applyCounter) *wsapi.Client {
 	t.Helper()
 	srv, err := wsserver.New(wsserver.Options{Dir: dir})
 	if err != nil {
@@ -70,7 +95,7 @@ func serveWorkspace(t *testing.T, dir string, applies *applyCounter) *wsclient.C
 		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.Method == http.MethodPost && r.URL.Path == "/workspace" {
 				body, _ := io.ReadAll(r.Body)
-				var cs wsclient.ChangeSet
+				var cs wsapi.ChangeSet
 				_ = json.Unmarshal(body, &cs) // The server judges the body itself.
 				set := appliedSet{writes: len(cs.Write)}
 				for _, w := range cs.Write {
@@ -88,7 +113,7 @@ func serveWorkspace(t *testing.T, dir string, applies *applyCounter) *wsclient.C
 	}
 	ts := httptest.NewServer(h)
 	t.Cleanup(ts.Close)
-	return wsclient.New(ts.URL, ts.Client())
+	return wsapi.New(ts.URL, ts.Client())
 }
 
 // writeTree writes files under dir.
@@ -156,7 +181,7 @@ func TestCheckpointRestoreRoundTrip(t *testing.T) {
 	dst := t.TempDir()
 	applies := &applyCounter{}
 	fresh := serveWorkspace(t, dst, applies)
-	res, err = p.restoreOp(ctx, fresh, id)
+	res, err = restoreLatest(ctx, p, fresh, id)
 	if err != nil {
 		t.Fatalf("restoreOp() = %v", err)
 	}
@@ -192,10 +217,7 @@ func TestRestoreBatches(t *testing.T) {
 	if _, err := p.checkpointOp(ctx, serveWorkspace(t, src, nil), id, nil); err != nil {
 		t.Fatalf("checkpointOp() = %v", err)
 	}
-	st, err := p.checkpoints(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := p.ckpt
 	tests := []struct {
 		name        string
 		lim         batchLimits
@@ -230,7 +252,7 @@ func TestRestoreBatches(t *testing.T) {
 
 func TestRestoreWithoutCheckpoint(t *testing.T) {
 	p := newProxy(t)
-	_, err := p.restoreOp(t.Context(), serveWorkspace(t, t.TempDir(), nil), contract.NewSessionID())
+	_, err := restoreLatest(t.Context(), p, serveWorkspace(t, t.TempDir(), nil), contract.NewSessionID())
 	var ce *contract.Error
 	if !errors.As(err, &ce) || ce.Code != "no_checkpoint" {
 		t.Fatalf("restoreOp() = %v, want no_checkpoint", err)
@@ -253,8 +275,8 @@ func TestCheckpointWorkspaceFailure(t *testing.T) {
 		w.WriteHeader(http.StatusBadGateway)
 	}))
 	defer down.Close()
-	_, err := p.checkpointOp(ctx, wsclient.New(down.URL, down.Client()), id, nil)
-	var we *wsclient.Error
+	_, err := p.checkpointOp(ctx, wsapi.New(down.URL, down.Client()), id, nil)
+	var we *wsapi.Error
 	if !errors.As(err, &we) || we.Status != http.StatusBadGateway {
 		t.Fatalf("checkpointOp() against a failing workspace = %v, want its 502", err)
 	}
@@ -262,7 +284,7 @@ func TestCheckpointWorkspaceFailure(t *testing.T) {
 		t.Fatalf("mapErr() = %v, want workspace_error", ce)
 	}
 	applies := &applyCounter{}
-	if _, err := p.restoreOp(ctx, serveWorkspace(t, t.TempDir(), applies), id); err != nil || applies.n != 1 {
+	if _, err := restoreLatest(ctx, p, serveWorkspace(t, t.TempDir(), applies), id); err != nil || applies.n != 1 {
 		t.Fatalf("restoreOp() = %v after %d change sets; want the previous checkpoint restored", err, applies.n)
 	}
 }

@@ -6,7 +6,7 @@ import (
 
 	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/contract"
-	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsclient"
+	"github.com/telorunner/telorunner/pkg/wsapi"
 )
 
 // replyOverhead is room left in a reply for its envelope and fields
@@ -17,7 +17,7 @@ const replyOverhead = 4 << 10
 // WSStage): the caller sizes each page so that its reply fits one bus
 // message; a page that could not is refused as invalid_request rather
 // than left to fail in transit.
-func (p *proxy) paged(ctx context.Context, c *wsclient.Client, op string, data []byte) (any, error) {
+func (p *proxy) paged(ctx context.Context, c *wsapi.Client, op string, data []byte) (any, error) {
 	switch op {
 	case bus.WSTreePage:
 		var r contract.WSTreePage

@@ -12,8 +12,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -24,8 +22,10 @@ import (
 	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/checkpoint"
 	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/pkg/envconf"
+	"github.com/telorunner/telorunner/pkg/run"
 	"github.com/telorunner/telorunner/pkg/session"
-	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsclient"
+	"github.com/telorunner/telorunner/pkg/wsapi"
 )
 
 // Config is the workspace-proxy configuration.
@@ -40,15 +40,9 @@ type Config struct {
 // LoadConfig reads the proxy's variables; unset or empty means the default.
 func LoadConfig(lookup func(string) (string, bool)) (Config, error) {
 	var c Config
-	raw, _ := lookup("RUNNER_CHECKPOINT_HISTORY")
-	if raw = strings.TrimSpace(raw); raw != "" {
-		n, err := strconv.Atoi(raw)
-		if err != nil || n < 1 || n > checkpoint.MaxHistory {
-			return c, fmt.Errorf("RUNNER_CHECKPOINT_HISTORY: must be an integer from 1 to %d, got %q", checkpoint.MaxHistory, raw)
-		}
-		c.History = n
-	}
-	return c, nil
+	e := envconf.New(lookup)
+	e.Int("RUNNER_CHECKPOINT_HISTORY", 1, checkpoint.MaxHistory, &c.History)
+	return c, e.Err()
 }
 
 // Deps are the proxy's connections.
@@ -63,11 +57,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	if cfg.MaxInFlight <= 0 {
 		cfg.MaxInFlight = 64
 	}
-	log := d.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	log = log.With("service", "workspace-proxy")
+	log := run.ServiceLogger(d.Logger, "workspace-proxy")
 	js, err := jetstream.New(d.NC)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
@@ -83,7 +73,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	}); err != nil {
 		return err
 	}
-	p := &proxy{store: store, ckpt: cps, history: cfg.History, log: log, sem: make(chan struct{}, cfg.MaxInFlight), hc: &http.Client{}, maxPayload: d.NC.MaxPayload()}
+	p := &proxy{store: store, ckpt: cps, log: log, sem: make(chan struct{}, cfg.MaxInFlight), hc: &http.Client{}, maxPayload: d.NC.MaxPayload()}
 	svc, err := micro.AddService(d.NC, micro.Config{
 		Name: bus.ServiceWS, Version: "0.1.0",
 		Description: "Workspace operations of watch sessions",
@@ -103,13 +93,12 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 }
 
 type proxy struct {
-	store   *session.Store
-	ckpt    *checkpoint.Store
-	history int // Options.History of a store bound later (checkpoints)
-	log     *slog.Logger
-	sem     chan struct{}
-	wg      sync.WaitGroup
-	hc      *http.Client
+	store *session.Store
+	ckpt  *checkpoint.Store
+	log   *slog.Logger
+	sem   chan struct{}
+	wg    sync.WaitGroup
+	hc    *http.Client
 	// maxPayload is the bus's message bound, which every reply must fit.
 	maxPayload int64
 }
@@ -125,19 +114,14 @@ func (p *proxy) handle(req micro.Request) {
 		ctx, cancel := context.WithTimeout(context.Background(), opTimeout(req.Subject()))
 		defer cancel()
 		result, err := p.do(ctx, req)
-		var body []byte
-		if err != nil {
-			var ce *contract.Error
-			if !errors.As(err, &ce) {
-				ce = contract.Errorf("workspace_error", "%v", err)
-			}
-			body, _ = json.Marshal(ce)
-		} else if f, ok := result.(framed); ok {
-			body, _ = contract.AppendFrame(map[string]any{"ok": true, "result": f.result}, f.data)
+		if f, ok := result.(framed); ok && err == nil {
+			err = bus.ReplyFrame(req, f.result, f.data)
+		} else if err == nil {
+			err = bus.Reply(req, result)
 		} else {
-			body, _ = json.Marshal(map[string]any{"ok": true, "result": result})
+			err = bus.ReplyErrorLater(req, err, "workspace_error") // answered after the handler returned
 		}
-		if err := req.Respond(body); err != nil {
+		if err != nil {
 			p.log.Warn("respond", "subject", req.Subject(), "err", err)
 		}
 	}()
@@ -147,19 +131,18 @@ func (p *proxy) handle(req micro.Request) {
 // the whole workspace (a first checkpoint of a large one, everything), the
 // others one request to the workspace server.
 func opTimeout(subject string) time.Duration {
-	if op := bus.WSOp(subject); op == bus.WSCheckpoint || op == bus.WSRestore {
+	if op := bus.Op(subject); op == bus.WSCheckpoint || op == bus.WSRestore {
 		return 5 * time.Minute
 	}
-	return wsclient.Timeout + 5*time.Second
+	return wsapi.Timeout + 5*time.Second
 }
 
 // do resolves the session's workspace and performs one operation.
 func (p *proxy) do(ctx context.Context, req micro.Request) (any, error) {
-	parts := strings.Split(req.Subject(), ".")
-	if len(parts) != 4 {
+	id, op, ok := bus.SessionOp(req.Subject())
+	if !ok {
 		return nil, contract.Errorf("invalid_request", "bad subject %q", req.Subject())
 	}
-	id, op := parts[2], parts[3]
 	rec, _, err := p.store.Get(ctx, id)
 	if errors.Is(err, session.ErrNotFound) {
 		return nil, contract.Errorf("not_found", "session '%s' not in registry", id)
@@ -173,9 +156,9 @@ func (p *proxy) do(ctx context.Context, req micro.Request) (any, error) {
 	if rec.Workspace == "" || rec.Status.Kind != contract.StatusRunning {
 		return nil, contract.Errorf("not_running", "session '%s' has no live workspace", id)
 	}
-	c := wsclient.New(rec.Workspace, p.hc)
+	c := wsapi.New(rec.Workspace, p.hc)
 	var res any
-	if op == bus.WSRestore && len(req.Data()) > 0 {
+	if op == bus.WSRestore {
 		res, err = p.restoreTo(ctx, c, rec, req.Data())
 	} else {
 		res, err = p.op(ctx, c, id, op, req.Data())
@@ -186,12 +169,10 @@ func (p *proxy) do(ctx context.Context, req micro.Request) (any, error) {
 	return res, nil
 }
 
-func (p *proxy) op(ctx context.Context, c *wsclient.Client, id, op string, data []byte) (any, error) {
+func (p *proxy) op(ctx context.Context, c *wsapi.Client, id, op string, data []byte) (any, error) {
 	switch op {
 	case bus.WSCheckpoint:
 		return p.checkpointOp(ctx, c, id, data)
-	case bus.WSRestore:
-		return p.restoreOp(ctx, c, id)
 	case bus.WSTree:
 		return c.Tree(ctx)
 	case bus.WSRead:
@@ -201,7 +182,7 @@ func (p *proxy) op(ctx context.Context, c *wsclient.Client, id, op string, data 
 		}
 		return c.Read(ctx, r.Path, r.Encoding)
 	case bus.WSApply:
-		var cs wsclient.ChangeSet
+		var cs wsapi.ChangeSet
 		if err := json.Unmarshal(data, &cs); err != nil {
 			return nil, contract.Errorf("invalid_request", "apply: %v", err)
 		}
@@ -233,7 +214,7 @@ func (p *proxy) op(ctx context.Context, c *wsclient.Client, id, op string, data 
 // normalizeChangeSet re-normalizes every path: the proxy never trusts its
 // caller to have done so (19.17). A mode is dropped: the /v1 change set
 // has none (only a checkpoint restore sets one).
-func normalizeChangeSet(cs *wsclient.ChangeSet) error {
+func normalizeChangeSet(cs *wsapi.ChangeSet) error {
 	for i, w := range cs.Write {
 		p, err := contract.NormalizePath(w.Path)
 		if err != nil {
@@ -255,16 +236,16 @@ func normalizeChangeSet(cs *wsclient.ChangeSet) error {
 // file is 404 file_not_found, a refused path 400 invalid_path, anything else
 // (including no answer at all) 502 workspace_error.
 func mapErr(err error) error {
-	var we *wsclient.Error
+	var we *wsapi.Error
 	if errors.As(err, &we) {
 		switch we.Code {
-		case wsclient.CodeFileNotFound:
+		case wsapi.CodeFileNotFound:
 			return contract.Errorf("file_not_found", "%s", we.Message)
-		case wsclient.CodeInvalidPath:
+		case wsapi.CodeInvalidPath:
 			return contract.Errorf("invalid_path", "%s", we.Message)
-		case wsclient.CodeFrozen:
+		case wsapi.CodeFrozen:
 			return contract.Errorf("not_running", "%s", we.Message)
-		case wsclient.CodeFileChanged:
+		case wsapi.CodeFileChanged:
 			return contract.Errorf("file_changed", "%s", we.Message)
 		}
 		return contract.Errorf("workspace_error", "%v", err)

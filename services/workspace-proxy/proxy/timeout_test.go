@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/telorunner/telorunner/pkg/bus"
-	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsclient"
+	"github.com/telorunner/telorunner/pkg/wsapi"
 )
 
 // A checkpoint or a restore moves the whole workspace and gets 5 minutes;
@@ -15,8 +15,8 @@ func TestOpTimeout(t *testing.T) {
 	for op, want := range map[string]time.Duration{
 		bus.WSCheckpoint: 5 * time.Minute,
 		bus.WSRestore:    5 * time.Minute,
-		"tree":           wsclient.Timeout + 5*time.Second,
-		"read":           wsclient.Timeout + 5*time.Second,
+		"tree":           wsapi.Timeout + 5*time.Second,
+		"read":           wsapi.Timeout + 5*time.Second,
 	} {
 		if got := opTimeout(bus.WSSubject(id, op)); got != want {
 			t.Errorf("opTimeout(%s) = %v, want %v", bus.WSSubject(id, op), got, want)

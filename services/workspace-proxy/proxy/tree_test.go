@@ -131,7 +131,7 @@ func TestCheckpointTreeAndModes(t *testing.T) {
 
 	dst := t.TempDir()
 	fresh := serveWorkspace(t, dst, nil)
-	if _, err := p.restoreOp(ctx, fresh, id); err != nil {
+	if _, err := restoreLatest(ctx, p, fresh, id); err != nil {
 		t.Fatalf("restoreOp() = %v", err)
 	}
 	for path, want := range map[string]fs.FileMode{"telo.yaml": 0o755, "bin/run.sh": 0o700, "src/mod-01.yaml": 0o644, "a/b/c/deep.yaml": 0o644} {
@@ -143,10 +143,7 @@ func TestCheckpointTreeAndModes(t *testing.T) {
 		t.Fatalf("restored deep.yaml = %q", b)
 	}
 	// And a fresh checkpoint of the restored workspace is the same tree.
-	st, err := p.checkpoints(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := p.ckpt
 	other := contract.NewSessionID()
 	res, err = p.checkpointOp(ctx, fresh, other, nil)
 	if err != nil {

@@ -4,15 +4,14 @@ package main
 
 import (
 	"context"
-	"os"
 
 	"github.com/telorunner/telorunner/pkg/run"
 	"github.com/telorunner/telorunner/services/api-edge/edge"
 )
 
-func main() {
-	cfg, err := edge.LoadConfig(os.LookupEnv)
-	run.Main("api-edge", err, func(ctx context.Context, env run.Env) error {
-		return edge.Run(ctx, cfg, edge.Deps{NC: env.NC, Logger: env.Logger, Registry: env.Registry, Limits: env.Limits})
-	})
+func main() { run.Service("api-edge", edge.LoadConfig, serve) }
+
+// serve runs the service on the standalone main's connections.
+func serve(ctx context.Context, cfg edge.Config, env run.Env) error {
+	return edge.Run(ctx, cfg, edge.Deps{NC: env.NC, Logger: env.Logger, Registry: env.Registry, Limits: env.Limits})
 }

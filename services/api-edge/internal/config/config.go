@@ -11,6 +11,8 @@ import (
 	"net"
 	"strings"
 	"time"
+
+	"github.com/telorunner/telorunner/pkg/envconf"
 )
 
 // Version is the runner version this build reports.
@@ -94,25 +96,9 @@ func Default() Config {
 	}
 }
 
-// Error is a configuration error for one variable.
-type Error struct {
-	Var    string // environment variable name
-	Reason string // what is wrong, including the offending value
-	Err    error  // underlying cause, if any
-}
-
-func (e *Error) Error() string {
-	switch {
-	case e.Err == nil:
-		return e.Var + ": " + e.Reason
-	case e.Reason == "":
-		return e.Var + ": " + e.Err.Error()
-	default:
-		return e.Var + ": " + e.Reason + ": " + e.Err.Error()
-	}
-}
-
-func (e *Error) Unwrap() error { return e.Err }
+// Error is a configuration error for one variable (envconf.Error:
+// "NAME: reason[: cause]").
+type Error = envconf.Error
 
 // Load builds the configuration from lookupEnv, which has the shape of
 // os.LookupEnv: PORT needs to tell an unset variable from an empty one.
@@ -127,10 +113,10 @@ func Load(lookupEnv func(string) (string, bool)) (Config, error) {
 // an any-origin base and adds to a listed one: "*" must then be asked for.
 func LoadOver(base Config, lookupEnv func(string) (string, bool)) (Config, error) {
 	c := base
-	p := parser{lookup: lookupEnv}
+	p := parser{envconf.New(lookupEnv)}
 
-	if raw, ok := lookupEnv("PORT"); ok {
-		c.Port = p.port("PORT", raw)
+	if _, ok := lookupEnv("PORT"); ok {
+		c.Port = p.port("PORT")
 	}
 	p.logLevel("LOG_LEVEL", &c.LogLevel)
 	p.positiveInt("RUNNER_MAX_SESSIONS", &c.MaxSessions)
@@ -173,8 +159,8 @@ func LoadOver(base Config, lookupEnv func(string) (string, bool)) (Config, error
 	p.text("RUNNER_IMAGE", &c.Image)
 	p.baseImages(&c.BaseImages)
 
-	if len(p.errs) > 0 {
-		return Config{}, errors.Join(p.errs...)
+	if err := p.Err(); err != nil {
+		return Config{}, err
 	}
 	if err := c.Validate(); err != nil {
 		return Config{}, err

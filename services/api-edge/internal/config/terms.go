@@ -32,7 +32,7 @@ func (p *parser) terms() *Terms {
 		}
 		body, from = string(b), "RUNNER_TERMS_FILE"
 	} else {
-		body, _ = p.lookup("RUNNER_TERMS_BODY")
+		body, _ = p.Lookup("RUNNER_TERMS_BODY")
 		from = "RUNNER_TERMS_BODY"
 	}
 	if strings.TrimSpace(body) == "" {

@@ -13,6 +13,7 @@ import (
 	"github.com/telorunner/telorunner/pkg/checkpoint"
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/session"
+	"github.com/telorunner/telorunner/services/api-edge/internal/decode"
 )
 
 // Fork and checkpoint history: routes beyond the contract (issue 17,
@@ -68,12 +69,8 @@ func (s *Server) listCheckpoints(c *gin.Context) {
 // takeCheckpoint is POST /v1/sessions/:id/checkpoints: a checkpoint of
 // the live workspace now (reason manual); 201 with its entry.
 func (s *Server) takeCheckpoint(c *gin.Context) {
-	rec, ok := s.watchSession(c)
+	rec, ok := s.liveWatchSession(c)
 	if !ok {
-		return
-	}
-	if !live(rec) {
-		s.fail(c, notRunning(rec))
 		return
 	}
 	var res wsCheckpoint
@@ -206,28 +203,10 @@ func parseForkBody(data []byte) ([]contract.AppSpec, error) {
 	if len(data) == 0 {
 		return nil, nil
 	}
-	body, err := parseObject(data, "body")
+	body, err := decode.Parse(data, "body")
 	if err != nil {
 		return nil, err
 	}
-	items, present, err := body.array("apps", false)
-	if err != nil || !present {
-		return nil, err
-	}
-	if len(items) < 1 {
-		return nil, schemaErrf("body/apps must NOT have fewer than 1 items")
-	}
-	specs := make([]contract.AppSpec, 0, len(items))
-	for i, it := range items {
-		o, err := asObject(it, fmt.Sprintf("body/apps/%d", i))
-		if err != nil {
-			return nil, err
-		}
-		a, err := parseAppSpec(o)
-		if err != nil {
-			return nil, err
-		}
-		specs = append(specs, a)
-	}
-	return specs, nil
+	specs, _, err := body.Apps("apps", false)
+	return specs, err
 }

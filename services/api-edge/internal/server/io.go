@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -48,7 +47,10 @@ type outFrame struct {
 	data []byte
 }
 
-// io is GET /v1/sessions/:id/io (section 7).
+// io is GET /v1/sessions/:id/io (section 7): the handshake (origin,
+// session, app, position; ioHandshake), then the relay (ioRelay): one
+// writer goroutine, one reader goroutine (stdin, resize) and the loop that
+// moves the app's log entries to the socket.
 func (s *Server) io(c *gin.Context) {
 	conn, err := upgrader.Upgrade(c.Writer, c.Request, nil)
 	if err != nil {
@@ -64,136 +66,43 @@ func (s *Server) io(c *gin.Context) {
 	// that sends nothing.
 	defer context.AfterFunc(ctx, func() { _ = conn.Close() })()
 
-	closeWith := func(code int, reason string) {
-		msg := websocket.FormatCloseMessage(code, reason)
-		_ = conn.WriteControl(websocket.CloseMessage, msg, time.Now().Add(time.Second))
-	}
-	// 1. Origin.
-	if !s.cfg.CORS.AnyOrigin {
-		if _, ok := s.cfg.CORS.AllowOrigin(c.GetHeader("Origin")); !ok {
-			closeWith(4403, "forbidden_origin")
-			return
-		}
-	}
-	// 2. Session. Status changes are followed from here on (core
-	// subscription to the event subject before the read, so a terminal
-	// status between the two is not missed). Core traffic includes
-	// publishes JetStream refused, so a terminal hint is confirmed with the
-	// record (terminal before its event is appended) before draining.
-	id := c.Param("id")
-	terminalCh := make(chan struct{}, 1)
-	hint := func() {
-		select {
-		case terminalCh <- struct{}{}:
-		default:
-		}
-	}
-	var statusSub *nats.Subscription
-	if contract.ValidSessionID(id) {
-		statusSub, err = s.nc.Subscribe(bus.EventsSubject(id), func(m *nats.Msg) {
-			if m.Header.Get(bus.HeaderTerminal) != "" {
-				hint()
-			}
-		})
-		if err != nil {
-			closeWith(websocket.CloseInternalServerErr, "bus unavailable")
-			return
-		}
-		defer func() { _ = statusSub.Unsubscribe() }()
-	}
-	rec, _, err := s.store.Get(ctx, id)
-	if errors.Is(err, session.ErrNotFound) {
-		closeWith(4404, "session not found")
+	t, ok := s.ioHandshake(ctx, c, conn)
+	defer t.release()
+	if !ok {
 		return
 	}
-	if err != nil {
-		closeWith(websocket.CloseInternalServerErr, "registry unavailable")
-		return
-	}
-	if rec.Status.Terminal() {
-		hint()
-	}
-	// 3. App selection.
-	var app *session.App
-	if name := strings.TrimSpace(c.Query("app")); name != "" {
-		a, ok := rec.App(name)
-		if !ok {
-			closeWith(4404, fmt.Sprintf("session runs no app named '%s'", name))
-			return
-		}
-		app = a
-	} else if len(rec.Apps) != 1 {
-		closeWith(4404, fmt.Sprintf("session runs %d apps — ?app= is required", len(rec.Apps)))
-		return
-	} else {
-		app = &rec.Apps[0]
-	}
-	lastSeq, _ := parsePosition(c.Query("lastSeq"))
-	subject := bus.IOSubject(id, app.Name)
 	// 4–6. Follow the app's live entries (buffered), then replay from the
 	// log what lies between lastSeq and where the hub stands.
-	f, upTo, unfollow, err := s.hub.follow(ctx, subject, ioFollowEntries, ioFollowBytes)
+	f, upTo, unfollow, err := s.hub.follow(ctx, t.subject, ioFollowEntries, ioFollowBytes)
 	if err != nil {
-		closeWith(websocket.CloseInternalServerErr, "bus unavailable")
+		closeWith(conn, websocket.CloseInternalServerErr, "bus unavailable")
 		return
 	}
 	defer unfollow()
-	if rec.Status.Terminal() {
-		tail, err := s.store.IO().Tail(ctx, subject)
-		if err == nil && tail <= lastSeq {
-			closeWith(4410, "session terminal, nothing to replay")
+	if t.rec.Status.Terminal() {
+		tail, err := s.store.IO().Tail(ctx, t.subject)
+		if err == nil && tail <= t.lastSeq {
+			closeWith(conn, 4410, "session terminal, nothing to replay")
 			return
 		}
 	}
 
 	// One writer goroutine owns every write. The send queue is bounded;
-	// the loop below waits on it (it is the only thing that reads the log
-	// or the follower for this socket), so a client that does not read
-	// holds at most ioSendQueue frames here and ioFollowBytes in its
-	// follower, and the rest is read from the log once it catches up.
-	out := make(chan outFrame, ioSendQueue)
+	// the relay waits on it (it is the only thing that reads the log or
+	// the follower for this socket), so a client that does not read holds
+	// at most ioSendQueue frames here and ioFollowBytes in its follower,
+	// and the rest is read from the log once it catches up.
+	r := &ioRelay{s: s, ctx: ctx, t: t, f: f, out: make(chan outFrame, ioSendQueue), sent: &queued{}, delivered: t.lastSeq}
 	writerDone := make(chan struct{})
-	sent := &queued{} // frames queued but not yet written
 	go func() {
 		defer close(writerDone)
-		s.writeLoop(ctx, conn, out, sent, cancel)
+		s.writeLoop(ctx, conn, r.out, r.sent, cancel)
 	}()
 	defer func() { <-writerDone }()
 	defer cancel()
-	send := func(fr outFrame) bool {
-		sent.add(fr)
-		s.ioHeld.observe(sent.bytes.Load() + f.queued.Load())
-		select {
-		case out <- fr:
-			return true
-		case <-ctx.Done():
-			sent.done(fr)
-			return false
-		}
-	}
-	seqFrame, _ := json.Marshal(map[string]any{"type": "seq", "seq": lastSeq, "app": app.Name, "io": app.IO})
-	send(outFrame{text: true, data: seqFrame})
-
-	delivered := lastSeq
-	// fill sends the log's entries after delivered up to upTo (7.2 step 9,
-	// and a slow client's lag repair: only the hole is read).
-	fill := func(upTo uint64) bool {
-		if upTo <= delivered {
-			return true
-		}
-		err := s.store.IO().ReadRange(ctx, subject, delivered, upTo, func(e bus.Entry, gap bool) error {
-			if gap && delivered == lastSeq && !send(outFrame{text: true, data: []byte(`{"type":"gap","reason":"buffer_evicted"}`)}) {
-				return ctx.Err()
-			}
-			if !send(outFrame{seq: e.Seq, data: e.Data}) {
-				return ctx.Err()
-			}
-			delivered = e.Seq
-			return nil
-		})
-		return err == nil
-	}
-	if !fill(upTo) {
+	seqFrame, _ := json.Marshal(map[string]any{"type": "seq", "seq": t.lastSeq, "app": t.app.Name, "io": t.app.IO})
+	r.send(outFrame{text: true, data: seqFrame})
+	if !r.fill(upTo) {
 		return
 	}
 
@@ -202,71 +111,23 @@ func (s *Server) io(c *gin.Context) {
 	go func() {
 		defer close(readerDone)
 		defer cancel()
-		s.readLoop(ctx, conn, id, app, send)
+		s.readLoop(ctx, conn, t.id, t.app, r.send)
 	}()
 	defer func() { <-readerDone }()
 	defer cancel()
 	s.m.ioClients.Inc()
 	defer s.m.ioClients.Dec()
-	release := s.presence.Acquire(id)
+	release := s.presence.Acquire(t.id)
 	defer release()
-
-	var drainTail uint64
-	draining := false
-	termCh := terminalCh
-	for {
-		if draining && delivered >= drainTail {
-			s.drainAndClose(ctx, sent, conn)
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-termCh:
-			now, _, err := s.store.Get(ctx, id)
-			if err != nil {
-				return // abnormal close: the client reconnects with lastSeq
-			}
-			if !now.Status.Terminal() {
-				break // a refused publish, not the session's end
-			}
-			termCh = nil
-			tail, err := s.store.IO().Tail(ctx, subject)
-			if err != nil {
-				return
-			}
-			draining, drainTail = true, tail
-		case <-f.wake:
-			e, ok := f.next()
-			if !ok {
-				break
-			}
-			if e.Seq <= delivered {
-				break
-			}
-			if e.Seq > delivered+1 {
-				s.m.streamRepairs.WithLabelValues("io").Inc()
-				if !fill(e.Seq - 1) {
-					return
-				}
-			}
-			if e.Seq > delivered {
-				if !send(outFrame{seq: e.Seq, data: e.Data}) {
-					return
-				}
-				delivered = e.Seq
-			}
-		}
-		if f.lagged.Load() && f.waiting() == 0 {
-			f.lagged.Store(false)
-			if f.last() > delivered {
-				s.m.streamRepairs.WithLabelValues("io").Inc()
-			}
-			if !fill(f.last()) {
-				return
-			}
-		}
+	if r.run() {
+		s.drainAndClose(ctx, r.sent, conn)
 	}
+}
+
+// closeWith ends the socket with a close frame (code, reason).
+func closeWith(conn *websocket.Conn, code int, reason string) {
+	msg := websocket.FormatCloseMessage(code, reason)
+	_ = conn.WriteControl(websocket.CloseMessage, msg, time.Now().Add(time.Second))
 }
 
 // queued counts a socket's frames (and their payload bytes) that wait for

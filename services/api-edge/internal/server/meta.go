@@ -11,6 +11,7 @@ import (
 	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/services/api-edge/internal/config"
+	"github.com/telorunner/telorunner/services/api-edge/internal/decode"
 )
 
 func (s *Server) health(c *gin.Context) {
@@ -115,12 +116,12 @@ func (s *Server) probe(c *gin.Context) {
 	}
 	// Only config.image and config.pullPolicy are in the probe schema;
 	// everything else is dropped unread (4.3), whatever its type.
-	body, err := parseObject(data, "body")
+	body, err := decode.Parse(data, "body")
 	if err == nil {
-		var cfgObj obj
-		if cfgObj, _, err = body.object("config", true); err == nil {
-			if _, _, err = cfgObj.str("image", true, 1); err == nil {
-				_, _, err = cfgObj.enum("pullPolicy", true, "missing", "always", "never")
+		var cfgObj decode.Obj
+		if cfgObj, _, err = body.Object("config", true); err == nil {
+			if _, _, err = cfgObj.Str("image", true, 1); err == nil {
+				_, _, err = cfgObj.Enum("pullPolicy", true, "missing", "always", "never")
 			}
 		}
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/telorunner/telorunner/pkg/session"
 	"github.com/telorunner/telorunner/services/api-edge/internal/baseimage"
 	"github.com/telorunner/telorunner/services/api-edge/internal/config"
+	"github.com/telorunner/telorunner/services/api-edge/internal/decode"
 )
 
 // Options configure a Server.
@@ -191,12 +192,12 @@ func (s *Server) readBody(c *gin.Context) ([]byte, bool) {
 // status, a schema error as 400 invalid_request, anything else as 500.
 func (s *Server) fail(c *gin.Context, err error) {
 	var ce *contract.Error
-	var se *schemaError
+	var se *decode.SchemaError
 	switch {
 	case errors.As(err, &ce):
 		c.JSON(statusOf(ce.Code), ce)
 	case errors.As(err, &se):
-		c.JSON(http.StatusBadRequest, contract.Errorf("invalid_request", "%s", se.msg))
+		c.JSON(http.StatusBadRequest, contract.Errorf("invalid_request", "%s", se.Error()))
 	default:
 		s.log.Error("request failed", "path", c.FullPath(), "err", err)
 		c.JSON(http.StatusInternalServerError, contract.Errorf("internal_error", "%v", err))

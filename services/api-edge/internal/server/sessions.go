@@ -13,12 +13,12 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nuid"
 
 	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/checkpoint"
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/session"
+	"github.com/telorunner/telorunner/services/api-edge/internal/decode"
 )
 
 var appNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
@@ -48,7 +48,7 @@ func (s *Server) createSession(c *gin.Context) {
 	if !ok {
 		return
 	}
-	req, err := parseCreate(data)
+	req, err := decode.Create(data)
 	if err != nil {
 		s.fail(c, err)
 		return
@@ -137,7 +137,7 @@ func (s *Server) createAppSession(c *gin.Context) {
 	if !ok {
 		return
 	}
-	req, err := parseAppRequest(data)
+	req, err := decode.App(data)
 	if err != nil {
 		s.fail(c, err)
 		return
@@ -242,7 +242,7 @@ func (s *Server) admitAndStart(c *gin.Context, mode string, apps []session.App, 
 // acknowledgement) is de-duplicated by JetStream, and a later start of the
 // same session (a resume) is not.
 func (s *Server) publishStart(ctx context.Context, id string, requested time.Time) error {
-	if err := s.store.RequestStart(ctx, id, bus.StartMsgID(id, requested)); err != nil {
+	if err := s.store.RequestStart(ctx, id, bus.StartAttempt(requested)); err != nil {
 		return fmt.Errorf("publish start %s: %w", id, err)
 	}
 	return nil
@@ -450,7 +450,7 @@ func (s *Server) requestAdopt(ctx context.Context, id string) error {
 	if _, _, err := s.store.Owner(ctx, id); err == nil {
 		return nil // owned: its owner is between subscriptions (starting)
 	}
-	if err := s.store.RequestAdopt(ctx, id, "adopt-"+id+"-"+nuid.Next()); err != nil {
+	if err := s.store.RequestAdopt(ctx, id, bus.AdoptAttempt(time.Now(), bus.Limits{}.Defaults().OwnerTTL)); err != nil {
 		return fmt.Errorf("publish adopt %s: %w", id, err)
 	}
 	return nil

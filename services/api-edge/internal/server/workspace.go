@@ -16,6 +16,7 @@ import (
 	"github.com/telorunner/telorunner/pkg/bus"
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/session"
+	"github.com/telorunner/telorunner/services/api-edge/internal/decode"
 )
 
 // wsTimeout bounds one workspace operation (9.4: 30 s per request).
@@ -39,6 +40,17 @@ func (s *Server) watchSession(c *gin.Context) (session.Record, bool) {
 		return rec, false
 	}
 	return rec, true
+}
+
+// liveWatchSession is watchSession for a route that needs the live
+// workspace: 409 not_running when the session has none.
+func (s *Server) liveWatchSession(c *gin.Context) (session.Record, bool) {
+	rec, ok := s.watchSession(c)
+	if ok && !live(rec) {
+		s.fail(c, notRunning(rec))
+		return rec, false
+	}
+	return rec, ok
 }
 
 func live(rec session.Record) bool {
@@ -100,27 +112,18 @@ func (s *Server) wsCall(ctx context.Context, id, op string, req, result any) err
 func (s *Server) wsExchange(ctx context.Context, id, op string, body []byte, result any) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, wsTimeout)
 	defer cancel()
-	reply, err := s.nc.RequestWithContext(ctx, bus.WSSubject(id, op), body)
-	if err != nil {
-		if errors.Is(err, nats.ErrNoResponders) {
-			return nil, contract.Errorf("workspace_error", "no workspace-proxy is running")
-		}
+	raw, data, err := bus.Call(ctx, s.nc, &nats.Msg{Subject: bus.WSSubject(id, op), Data: body})
+	var ce *contract.Error
+	switch {
+	case errors.As(err, &ce):
+		return nil, ce
+	case errors.Is(err, nats.ErrNoResponders):
+		return nil, contract.Errorf("workspace_error", "no workspace-proxy is running")
+	case err != nil:
 		return nil, contract.Errorf("workspace_error", "workspace %s: %v", op, err)
 	}
-	head, data := contract.SplitFrame(reply.Data)
-	var ans struct {
-		Error   string          `json:"error"`
-		Message string          `json:"message"`
-		Result  json.RawMessage `json:"result"`
-	}
-	if err := json.Unmarshal(head, &ans); err != nil {
-		return nil, contract.Errorf("workspace_error", "workspace %s: undecodable reply", op)
-	}
-	if ans.Error != "" {
-		return nil, &contract.Error{Code: ans.Error, Message: ans.Message}
-	}
 	if result != nil {
-		if err := json.Unmarshal(ans.Result, result); err != nil {
+		if err := json.Unmarshal(raw, result); err != nil {
 			return nil, contract.Errorf("workspace_error", "workspace %s: undecodable result", op)
 		}
 	}
@@ -129,12 +132,8 @@ func (s *Server) wsExchange(ctx context.Context, id, op string, body []byte, res
 
 // getWorkspace is GET /v1/sessions/:id/workspace (4.8).
 func (s *Server) getWorkspace(c *gin.Context) {
-	rec, ok := s.watchSession(c)
+	rec, ok := s.liveWatchSession(c)
 	if !ok {
-		return
-	}
-	if !live(rec) {
-		s.fail(c, notRunning(rec))
 		return
 	}
 	s.streamTree(c, rec.ID)
@@ -191,39 +190,39 @@ func (s *Server) postWorkspace(c *gin.Context) {
 
 func parseChangeSet(data []byte) (contract.ChangeSet, error) {
 	var cs contract.ChangeSet
-	body, err := parseObject(data, "body")
+	body, err := decode.Parse(data, "body")
 	if err != nil {
 		return cs, err
 	}
-	writes, _, err := body.array("write", false)
+	writes, _, err := body.Array("write", false)
 	if err != nil {
 		return cs, err
 	}
 	for i, w := range writes {
-		o, err := asObject(w, fmt.Sprintf("body/write/%d", i))
+		o, err := decode.AsObject(w, fmt.Sprintf("body/write/%d", i))
 		if err != nil {
 			return cs, err
 		}
 		var op contract.WriteOp
-		if op.Path, _, err = o.str("path", true, 1); err != nil {
+		if op.Path, _, err = o.Str("path", true, 1); err != nil {
 			return cs, err
 		}
-		if op.Content, _, err = o.str("content", true, 0); err != nil {
+		if op.Content, _, err = o.Str("content", true, 0); err != nil {
 			return cs, err
 		}
-		if op.Encoding, _, err = o.enum("encoding", false, "utf8", "base64"); err != nil {
+		if op.Encoding, _, err = o.Enum("encoding", false, "utf8", "base64"); err != nil {
 			return cs, err
 		}
 		cs.Write = append(cs.Write, op)
 	}
-	deletes, _, err := body.array("delete", false)
+	deletes, _, err := body.Array("delete", false)
 	if err != nil {
 		return cs, err
 	}
 	for i, d := range deletes {
 		p, ok := d.(string)
 		if !ok || p == "" {
-			return cs, schemaErrf("body/delete/%d must be a non-empty string", i)
+			return cs, decode.Errorf("body/delete/%d must be a non-empty string", i)
 		}
 		cs.Delete = append(cs.Delete, p)
 	}
@@ -232,12 +231,8 @@ func parseChangeSet(data []byte) (contract.ChangeSet, error) {
 
 // getWorkspaceFile is GET /v1/sessions/:id/workspace/file (4.10).
 func (s *Server) getWorkspaceFile(c *gin.Context) {
-	rec, ok := s.watchSession(c)
+	rec, ok := s.liveWatchSession(c)
 	if !ok {
-		return
-	}
-	if !live(rec) {
-		s.fail(c, notRunning(rec))
 		return
 	}
 	raw := strings.TrimSpace(c.Query("path"))
@@ -261,12 +256,8 @@ func (s *Server) getWorkspaceFile(c *gin.Context) {
 // reload is POST /v1/sessions/:id/reload[?app=] (4.11): the targets'
 // next generations are marked manual, then their entry manifests touched.
 func (s *Server) reload(c *gin.Context) {
-	rec, ok := s.watchSession(c)
+	rec, ok := s.liveWatchSession(c)
 	if !ok {
-		return
-	}
-	if !live(rec) {
-		s.fail(c, notRunning(rec))
 		return
 	}
 	if !s.chargeReload(c, rec.ID) {
@@ -382,38 +373,17 @@ func (s *Server) putApps(c *gin.Context) {
 	if !ok {
 		return
 	}
-	body, err := parseObject(data, "body")
+	body, err := decode.Parse(data, "body")
 	var specs []contract.AppSpec
 	if err == nil {
-		var items []any
-		if items, _, err = body.array("apps", true); err == nil {
-			if len(items) < 1 {
-				err = schemaErrf("body/apps must NOT have fewer than 1 items")
-			}
-			for i, it := range items {
-				if err != nil {
-					break
-				}
-				var o obj
-				if o, err = asObject(it, fmt.Sprintf("body/apps/%d", i)); err == nil {
-					var a contract.AppSpec
-					if a, err = parseAppSpec(o); err == nil {
-						specs = append(specs, a)
-					}
-				}
-			}
-		}
+		specs, _, err = body.Apps("apps", true)
 	}
 	if err != nil {
 		s.fail(c, err)
 		return
 	}
-	rec, ok := s.watchSession(c)
+	rec, ok := s.liveWatchSession(c)
 	if !ok {
-		return
-	}
-	if !live(rec) {
-		s.fail(c, notRunning(rec))
 		return
 	}
 	apps, err := resolveApps(specs, contract.ReservedPorts(contract.ModeWatch, true, len(specs)))

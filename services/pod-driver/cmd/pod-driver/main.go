@@ -4,15 +4,14 @@ package main
 
 import (
 	"context"
-	"os"
 
 	"github.com/telorunner/telorunner/pkg/run"
 	"github.com/telorunner/telorunner/services/pod-driver/driver"
 )
 
-func main() {
-	cfg, err := driver.LoadConfig(os.LookupEnv)
-	run.Main("pod-driver", err, func(ctx context.Context, env run.Env) error {
-		return driver.Run(ctx, cfg, driver.Deps{NC: env.NC, Logger: env.Logger, Registry: env.Registry, Limits: env.Limits})
-	})
+func main() { run.Service("pod-driver", driver.LoadConfig, serve) }
+
+// serve runs the service on the standalone main's connections.
+func serve(ctx context.Context, cfg driver.Config, env run.Env) error {
+	return driver.Run(ctx, cfg, driver.Deps{NC: env.NC, Logger: env.Logger, Registry: env.Registry, Limits: env.Limits})
 }

@@ -2,7 +2,6 @@ package driver
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -48,17 +47,8 @@ func (o *owned) thaw() {
 func (o *owned) freeze(ctx context.Context, frozen bool) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	body, _ := json.Marshal(map[string]bool{"frozen": frozen})
-	reply, err := o.d.o.NC.RequestWithContext(ctx, bus.WSSubject(o.id, bus.WSFreeze), body)
-	if err != nil {
+	if err := bus.CallJSON(ctx, o.d.o.NC, bus.WSSubject(o.id, bus.WSFreeze), map[string]bool{"frozen": frozen}, nil); err != nil {
 		return fmt.Errorf("freeze: %w", err)
-	}
-	var ans struct{ Error, Message string }
-	if err := json.Unmarshal(reply.Data, &ans); err != nil {
-		return fmt.Errorf("freeze: undecodable reply: %w", err)
-	}
-	if ans.Error != "" {
-		return fmt.Errorf("freeze: %s: %s", ans.Error, ans.Message)
 	}
 	return nil
 }
@@ -69,16 +59,8 @@ func (o *owned) freeze(ctx context.Context, frozen bool) error {
 func (o *owned) checkpointNow(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	reply, err := o.d.o.NC.RequestWithContext(ctx, bus.WSSubject(o.id, bus.WSCheckpoint), []byte(`{"reason":"suspend"}`))
-	if err != nil {
+	if err := bus.CallJSON(ctx, o.d.o.NC, bus.WSSubject(o.id, bus.WSCheckpoint), map[string]string{"reason": "suspend"}, nil); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
-	}
-	var ans struct{ Error, Message string }
-	if err := json.Unmarshal(reply.Data, &ans); err != nil {
-		return fmt.Errorf("checkpoint: undecodable reply: %w", err)
-	}
-	if ans.Error != "" {
-		return fmt.Errorf("checkpoint: %s: %s", ans.Error, ans.Message)
 	}
 	return nil
 }

@@ -4,15 +4,14 @@ package main
 
 import (
 	"context"
-	"os"
 
 	"github.com/telorunner/telorunner/pkg/run"
 	"github.com/telorunner/telorunner/services/supervisor/supervisor"
 )
 
-func main() {
-	cfg, err := supervisor.LoadConfig(os.LookupEnv)
-	run.Main("supervisor", err, func(ctx context.Context, env run.Env) error {
-		return supervisor.Run(ctx, cfg, supervisor.Deps{NC: env.NC, Logger: env.Logger, Registry: env.Registry, Limits: env.Limits})
-	})
+func main() { run.Service("supervisor", supervisor.LoadConfig, serve) }
+
+// serve runs the service on the standalone main's connections.
+func serve(ctx context.Context, cfg supervisor.Config, env run.Env) error {
+	return supervisor.Run(ctx, cfg, supervisor.Deps{NC: env.NC, Logger: env.Logger, Registry: env.Registry, Limits: env.Limits})
 }

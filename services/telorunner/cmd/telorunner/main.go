@@ -21,8 +21,7 @@ import (
 )
 
 func main() {
-	if version.Requested(os.Args[1:]) {
-		version.Print(os.Stdout, "telorunner")
+	if version.Handled("telorunner") {
 		return
 	}
 	if len(os.Args) >= 3 && os.Args[1] == "credentials" && os.Args[2] == "generate" {

@@ -4,18 +4,14 @@ package main
 
 import (
 	"context"
-	"os"
 
 	"github.com/telorunner/telorunner/pkg/run"
 	"github.com/telorunner/telorunner/services/workspace-proxy/proxy"
 )
 
-func main() {
-	run.Main("workspace-proxy", nil, func(ctx context.Context, env run.Env) error {
-		cfg, err := proxy.LoadConfig(os.LookupEnv)
-		if err != nil {
-			return err
-		}
-		return proxy.Run(ctx, cfg, proxy.Deps{NC: env.NC, Logger: env.Logger, Limits: env.Limits})
-	})
+func main() { run.Service("workspace-proxy", proxy.LoadConfig, serve) }
+
+// serve runs the service on the standalone main's connections.
+func serve(ctx context.Context, cfg proxy.Config, env run.Env) error {
+	return proxy.Run(ctx, cfg, proxy.Deps{NC: env.NC, Logger: env.Logger, Limits: env.Limits})
 }

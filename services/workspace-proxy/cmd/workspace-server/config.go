@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 
+	"github.com/telorunner/telorunner/pkg/envconf"
 	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsserver"
 )
 
@@ -24,15 +25,11 @@ type Config struct {
 // an error names the offending variable.
 func loadConfig(getenv func(string) string) (Config, error) {
 	cfg := Config{Dir: "/workspace", Port: 8099, Bind: "0.0.0.0"}
-	if v := getenv("WORKSPACE_DIR"); v != "" {
-		cfg.Dir = v
-	}
-	if v := getenv("PORT"); v != "" {
-		p, err := strconv.Atoi(v)
-		if err != nil || p < 1 || p > 65535 {
-			return Config{}, fmt.Errorf("PORT: %q is not a port number (1-65535)", v)
-		}
-		cfg.Port = p
+	e := envconf.NewGetenv(getenv)
+	e.Text("WORKSPACE_DIR", &cfg.Dir)
+	e.Int("PORT", 1, 65535, &cfg.Port)
+	if err := e.Err(); err != nil {
+		return Config{}, err
 	}
 	// POD_IP (when the platform sets it) narrows the wildcard: pods that
 	// share one host network, like the stand-in kubelet's, never collide.

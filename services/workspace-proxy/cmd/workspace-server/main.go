@@ -15,8 +15,7 @@ import (
 )
 
 func main() {
-	if version.Requested(os.Args[1:]) {
-		version.Print(os.Stdout, "workspace-server")
+	if version.Handled("workspace-server") {
 		return
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))

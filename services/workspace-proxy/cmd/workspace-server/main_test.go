@@ -17,7 +17,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsclient"
+	"github.com/telorunner/telorunner/pkg/wsapi"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -127,7 +127,7 @@ func TestBinary(t *testing.T) {
 
 	transport := &http.Transport{}
 	defer transport.CloseIdleConnections()
-	c := wsclient.New("http://127.0.0.1:"+strconv.Itoa(port), &http.Client{Transport: transport})
+	c := wsapi.New("http://127.0.0.1:"+strconv.Itoa(port), &http.Client{Transport: transport})
 	ctx := t.Context()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -145,7 +145,7 @@ func TestBinary(t *testing.T) {
 		}
 	}
 
-	if _, err := c.Apply(ctx, wsclient.ChangeSet{Write: []wsclient.WriteOp{
+	if _, err := c.Apply(ctx, wsapi.ChangeSet{Write: []wsapi.WriteOp{
 		{Path: "app/telo.yaml", Content: "kind: Application\n"},
 		{Path: "dist/x.js", Content: "excluded by the env override"},
 		{Path: "node_modules/m.js", Content: "listed by the env override"},

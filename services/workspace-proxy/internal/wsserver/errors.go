@@ -7,22 +7,12 @@ import (
 	"io/fs"
 	"net/http"
 	"syscall"
+
+	"github.com/telorunner/telorunner/pkg/wsapi"
 )
 
-// Error codes in the "error" field of a failure body.
-const (
-	codeInvalidPath    = "invalid_path"
-	codeInvalidRequest = "invalid_request"
-	codeFileNotFound   = "file_not_found"
-	codeTooLarge       = "payload_too_large"
-	codeUnsafePath     = "unsafe_path"
-	codeWriteFailed    = "write_failed"
-	codeDeleteFailed   = "delete_failed"
-	codeReadFailed     = "read_failed"
-	codeWalkFailed     = "walk_failed"
-	codeInternal       = "internal"
-	codeFrozen         = "workspace_frozen"
-)
+// The error codes in the "error" field of a failure body are wsapi's
+// (wsapi.CodeInvalidPath, ...).
 
 var (
 	// errSymlink marks a path whose directory part crosses a symbolic link.
@@ -44,9 +34,13 @@ type apiError struct {
 func (e *apiError) Error() string { return e.code + ": " + e.msg }
 func (e *apiError) Unwrap() error { return e.cause }
 
-func badPath(msg string) error    { return &apiError{status: 400, code: codeInvalidPath, msg: msg} }
-func badRequest(msg string) error { return &apiError{status: 400, code: codeInvalidRequest, msg: msg} }
-func notFound(msg string) error   { return &apiError{status: 404, code: codeFileNotFound, msg: msg} }
+func badPath(msg string) error { return &apiError{status: 400, code: wsapi.CodeInvalidPath, msg: msg} }
+func badRequest(msg string) error {
+	return &apiError{status: 400, code: wsapi.CodeInvalidRequest, msg: msg}
+}
+func notFound(msg string) error {
+	return &apiError{status: 404, code: wsapi.CodeFileNotFound, msg: msg}
+}
 
 // fsFailure classifies a filesystem error from operation code on a path:
 // absent or not-a-file → 404, a name the filesystem refuses as too long →
@@ -58,11 +52,11 @@ func fsFailure(code string, err error) error {
 	case errors.As(err, &ae):
 		return err // Already classified.
 	case errors.Is(err, fs.ErrNotExist), errors.Is(err, errNotRegular):
-		return &apiError{status: 404, code: codeFileNotFound, msg: err.Error(), cause: err}
+		return &apiError{status: 404, code: wsapi.CodeFileNotFound, msg: err.Error(), cause: err}
 	case errors.Is(err, syscall.ENAMETOOLONG):
-		return &apiError{status: 400, code: codeInvalidPath, msg: err.Error(), cause: err}
+		return &apiError{status: 400, code: wsapi.CodeInvalidPath, msg: err.Error(), cause: err}
 	case errors.Is(err, errSymlink):
-		return &apiError{status: 500, code: codeUnsafePath, msg: err.Error(), cause: err}
+		return &apiError{status: 500, code: wsapi.CodeUnsafePath, msg: err.Error(), cause: err}
 	default:
 		return &apiError{status: 500, code: code, msg: err.Error(), cause: err}
 	}
@@ -71,14 +65,14 @@ func fsFailure(code string, err error) error {
 // walkFailure is a tree or snapshot that could not complete: always 500
 // (a missing file is not the client's problem here).
 func walkFailure(err error) error {
-	return &apiError{status: 500, code: codeWalkFailed, msg: err.Error(), cause: err}
+	return &apiError{status: 500, code: wsapi.CodeWalkFailed, msg: err.Error(), cause: err}
 }
 
 // writeError answers err as {"error","message"} and logs 5xx causes once.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	var ae *apiError
 	if !errors.As(err, &ae) {
-		ae = &apiError{status: 500, code: codeInternal, msg: err.Error(), cause: err}
+		ae = &apiError{status: 500, code: wsapi.CodeInternal, msg: err.Error(), cause: err}
 	}
 	if ae.status >= 500 && !errors.Is(err, context.Canceled) { // Not for a client that left.
 		s.log.Error("workspace request failed", "method", r.Method, "path", r.URL.Path, "code", ae.code, "err", err)

@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsclient"
+	"github.com/telorunner/telorunner/pkg/wsapi"
 )
 
 // A frozen workspace refuses every write and touch (409 workspace_frozen)
@@ -19,13 +19,13 @@ func TestFreezeRefusesWrites(t *testing.T) {
 	if err := f.c.Freeze(ctx, true); err != nil {
 		t.Fatalf("Freeze(true) = %v", err)
 	}
-	_, err := f.c.Apply(ctx, wsclient.ChangeSet{Write: []wsclient.WriteOp{{Path: "b.txt", Content: "b"}}, Delete: []string{"a.txt"}})
-	var we *wsclient.Error
-	if !errors.As(err, &we) || we.Code != wsclient.CodeFrozen || we.Status != 409 {
-		t.Fatalf("Apply() on a frozen workspace = %v, want 409 %s", err, wsclient.CodeFrozen)
+	_, err := f.c.Apply(ctx, wsapi.ChangeSet{Write: []wsapi.WriteOp{{Path: "b.txt", Content: "b"}}, Delete: []string{"a.txt"}})
+	var we *wsapi.Error
+	if !errors.As(err, &we) || we.Code != wsapi.CodeFrozen || we.Status != 409 {
+		t.Fatalf("Apply() on a frozen workspace = %v, want 409 %s", err, wsapi.CodeFrozen)
 	}
-	if _, err := f.c.Touch(ctx, []string{"a.txt"}); !errors.As(err, &we) || we.Code != wsclient.CodeFrozen {
-		t.Fatalf("Touch() on a frozen workspace = %v, want %s", err, wsclient.CodeFrozen)
+	if _, err := f.c.Touch(ctx, []string{"a.txt"}); !errors.As(err, &we) || we.Code != wsapi.CodeFrozen {
+		t.Fatalf("Touch() on a frozen workspace = %v, want %s", err, wsapi.CodeFrozen)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "b.txt")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("b.txt written while frozen (stat: %v)", err)
@@ -43,7 +43,7 @@ func TestFreezeRefusesWrites(t *testing.T) {
 	if err := f.c.Freeze(ctx, false); err != nil {
 		t.Fatalf("Freeze(false) = %v", err)
 	}
-	if _, err := f.c.Apply(ctx, wsclient.ChangeSet{Write: []wsclient.WriteOp{{Path: "b.txt", Content: "b"}}}); err != nil {
+	if _, err := f.c.Apply(ctx, wsapi.ChangeSet{Write: []wsapi.WriteOp{{Path: "b.txt", Content: "b"}}}); err != nil {
 		t.Fatalf("Apply() after thaw = %v", err)
 	}
 }

@@ -18,7 +18,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsclient"
+	"github.com/telorunner/telorunner/pkg/wsapi"
 	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsserver"
 )
 
@@ -29,7 +29,7 @@ type fixture struct {
 	dir string
 	srv *wsserver.Server
 	ts  *httptest.Server
-	c   *wsclient.Client
+	c   *wsapi.Client
 }
 
 func start(t *testing.T, dir string, exclude []string) *fixture {
@@ -43,7 +43,7 @@ func start(t *testing.T, dir string, exclude []string) *fixture {
 		ts.Close()
 		_ = srv.Close()
 	})
-	return &fixture{dir: dir, srv: srv, ts: ts, c: wsclient.New(ts.URL, ts.Client())}
+	return &fixture{dir: dir, srv: srv, ts: ts, c: wsapi.New(ts.URL, ts.Client())}
 }
 
 // call sends a raw request without following redirects and returns the

@@ -10,12 +10,12 @@ import (
 	"testing"
 
 	"github.com/telorunner/telorunner/pkg/merkle"
-	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsclient"
+	"github.com/telorunner/telorunner/pkg/wsapi"
 )
 
 // root walks the workspace through GET /workspace/node and returns the
 // root's hash and node.
-func root(t *testing.T, c *wsclient.Client) (string, merkle.Node) {
+func root(t *testing.T, c *wsapi.Client) (string, merkle.Node) {
 	t.Helper()
 	data, err := c.Root(t.Context())
 	if err != nil {
@@ -30,7 +30,7 @@ func root(t *testing.T, c *wsclient.Client) (string, merkle.Node) {
 
 // flatten lists every file of the tree rooted at h through
 // GET /workspace/node/{hash}, by path.
-func flatten(t *testing.T, c *wsclient.Client, h string) map[string]merkle.File {
+func flatten(t *testing.T, c *wsapi.Client, h string) map[string]merkle.File {
 	t.Helper()
 	get := func(ctx context.Context, h string) (merkle.Node, error) {
 		data, err := c.Node(ctx, h)
@@ -114,7 +114,7 @@ func TestNodes(t *testing.T) {
 	if _, err := f.c.Node(t.Context(), src1.Hash); err != nil {
 		t.Fatalf("Node(previous walk's src) = %v", err)
 	}
-	if _, err := f.c.Node(t.Context(), sha([]byte("nothing"))); !wsclient.IsNotFound(err) {
+	if _, err := f.c.Node(t.Context(), sha([]byte("nothing"))); !wsapi.IsNotFound(err) {
 		t.Fatalf("Node(unknown) = %v, want file_not_found", err)
 	}
 	if status, code, _ := f.call(t, http.MethodGet, "/workspace/node/xyz", nil); status != http.StatusBadRequest || code != "invalid_request" {
@@ -142,7 +142,7 @@ func TestNodes(t *testing.T) {
 	for range 5 {
 		root(t, f.c)
 	}
-	if _, err := f.c.Node(t.Context(), src1.Hash); !wsclient.IsNotFound(err) {
+	if _, err := f.c.Node(t.Context(), src1.Hash); !wsapi.IsNotFound(err) {
 		t.Fatalf("Node(src of walk 1) after 9 walks = %v, want file_not_found", err)
 	}
 	if _, err := f.c.Node(t.Context(), bin1.Hash); err != nil {
@@ -170,7 +170,7 @@ func TestApplyMode(t *testing.T) {
 		}
 		return fi.Mode().Perm()
 	}
-	cs := wsclient.ChangeSet{Write: []wsclient.WriteOp{
+	cs := wsapi.ChangeSet{Write: []wsapi.WriteOp{
 		{Path: "run.sh", Content: "#!/bin/sh\n", Mode: 0o750},
 		{Path: "plain.txt", Content: "plain"},
 		{Path: "secret", Content: "s", Mode: 0o600},
@@ -184,13 +184,13 @@ func TestApplyMode(t *testing.T) {
 		}
 	}
 	// Without a mode a rewrite keeps the file's; with one it sets it.
-	if _, err := f.c.Apply(ctx, wsclient.ChangeSet{Write: []wsclient.WriteOp{{Path: "run.sh", Content: "#!/bin/sh\necho\n"}}}); err != nil {
+	if _, err := f.c.Apply(ctx, wsapi.ChangeSet{Write: []wsapi.WriteOp{{Path: "run.sh", Content: "#!/bin/sh\necho\n"}}}); err != nil {
 		t.Fatal(err)
 	}
 	if got := perm("run.sh"); got != 0o750 {
 		t.Fatalf("mode after a rewrite without mode = %o, want 750", got)
 	}
-	if _, err := f.c.Apply(ctx, wsclient.ChangeSet{Write: []wsclient.WriteOp{{Path: "run.sh", Content: "#!/bin/sh\n", Mode: 0o644}}}); err != nil {
+	if _, err := f.c.Apply(ctx, wsapi.ChangeSet{Write: []wsapi.WriteOp{{Path: "run.sh", Content: "#!/bin/sh\n", Mode: 0o644}}}); err != nil {
 		t.Fatal(err)
 	}
 	if got := perm("run.sh"); got != 0o644 {

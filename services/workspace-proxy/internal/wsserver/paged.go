@@ -7,12 +7,14 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
+	"net/url"
 	"sort"
 	"strconv"
 	"time"
 	"unicode/utf8"
 
 	"github.com/telorunner/telorunner/pkg/parallel"
+	"github.com/telorunner/telorunner/pkg/wsapi"
 )
 
 // Paged reads: the runner moves a workspace through a message bus whose
@@ -32,12 +34,9 @@ const (
 
 // Headers of a GET /workspace/range answer.
 const (
-	HeaderSize  = "Workspace-Size"  // the whole file's size in bytes
-	HeaderStamp = "Workspace-Stamp" // the file's version (stampString)
+	HeaderSize  = wsapi.HeaderSize  // the whole file's size in bytes
+	HeaderStamp = wsapi.HeaderStamp // the file's version (stampString)
 )
-
-// codeFileChanged answers a range read during which the file changed.
-const codeFileChanged = "file_changed"
 
 // stampString is an opaque version of a file: identity, size and change
 // times where the platform has them, else size and modification time.
@@ -54,16 +53,9 @@ func stampString(fi fs.FileInfo) string {
 // range is read answers 409 file_changed.
 func (s *Server) getRange(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	if q.Get("path") == "" {
-		return badPath("?path= is required")
-	}
-	p, err := normalize(q.Get("path"))
+	p, offset, err := pathOffset(q)
 	if err != nil {
 		return err
-	}
-	offset, err := intParam(q.Get("offset"), 0, 0, 1<<62)
-	if err != nil {
-		return badRequest("offset: " + err.Error())
 	}
 	length, err := intParam(q.Get("length"), MaxRangeBytes, 0, MaxRangeBytes)
 	if err != nil {
@@ -71,7 +63,7 @@ func (s *Server) getRange(w http.ResponseWriter, r *http.Request) error {
 	}
 	f, fi, err := s.openRegular(p)
 	if err != nil {
-		return fsFailure(codeReadFailed, fmt.Errorf("read %s: %w", p, err))
+		return fsFailure(wsapi.CodeReadFailed, fmt.Errorf("read %s: %w", p, err))
 	}
 	defer func() { _ = f.Close() }() // Read-only: nothing to lose.
 	stamp := stampString(fi)
@@ -79,14 +71,14 @@ func (s *Server) getRange(w http.ResponseWriter, r *http.Request) error {
 	buf := make([]byte, n)
 	got, err := f.ReadAt(buf, offset)
 	if err != nil && !errors.Is(err, io.EOF) {
-		return fsFailure(codeReadFailed, fmt.Errorf("read %s: %w", p, err))
+		return fsFailure(wsapi.CodeReadFailed, fmt.Errorf("read %s: %w", p, err))
 	}
 	after, err := f.Stat()
 	if err != nil {
-		return fsFailure(codeReadFailed, fmt.Errorf("read %s: %w", p, err))
+		return fsFailure(wsapi.CodeReadFailed, fmt.Errorf("read %s: %w", p, err))
 	}
 	if int64(got) != n || stampString(after) != stamp {
-		return &apiError{status: http.StatusConflict, code: codeFileChanged, msg: p + " changed while it was read"}
+		return &apiError{status: http.StatusConflict, code: wsapi.CodeFileChanged, msg: p + " changed while it was read"}
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
@@ -221,4 +213,21 @@ func (s *Server) hashEntries(ctx context.Context, entries []entry, start time.Ti
 	}
 	s.hashes.mu.Unlock()
 	return hashes, nil
+}
+
+// pathOffset reads the ?path= (required, normalized) and ?offset= (0 when
+// absent) of a range read or a stage.
+func pathOffset(q url.Values) (string, int64, error) {
+	if q.Get("path") == "" {
+		return "", 0, badPath("?path= is required")
+	}
+	p, err := normalize(q.Get("path"))
+	if err != nil {
+		return "", 0, err
+	}
+	offset, err := intParam(q.Get("offset"), 0, 0, 1<<62)
+	if err != nil {
+		return "", 0, badRequest("offset: " + err.Error())
+	}
+	return p, offset, nil
 }

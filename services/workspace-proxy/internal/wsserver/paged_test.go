@@ -9,7 +9,7 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsclient"
+	"github.com/telorunner/telorunner/pkg/wsapi"
 )
 
 // Walking the tree page by page gives exactly the whole tree, whatever
@@ -42,7 +42,7 @@ func TestTreePage(t *testing.T) {
 		{"one page", 0, 0, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var got []wsclient.TreeFile
+			var got []wsapi.TreeFile
 			after, pages := "", 0
 			for {
 				p, err := f.c.TreePage(t.Context(), after, tc.limit, tc.bytes)
@@ -108,7 +108,7 @@ func TestReadRange(t *testing.T) {
 		}
 		stamp = r.Stamp
 	}
-	if _, err := f.c.Apply(ctx, wsclient.ChangeSet{Write: []wsclient.WriteOp{{Path: "d/f.bin", Content: string(data)}}}); err != nil {
+	if _, err := f.c.Apply(ctx, wsapi.ChangeSet{Write: []wsapi.WriteOp{{Path: "d/f.bin", Content: string(data)}}}); err != nil {
 		t.Fatal(err)
 	}
 	if r, err := f.c.ReadRange(ctx, "d/f.bin", 0, 10); err != nil || r.Stamp == stamp {
@@ -169,7 +169,7 @@ func TestStage(t *testing.T) {
 			t.Errorf("%s: POST %s = %d %s, want 400 invalid_request", tc.name, tc.target, status, body)
 		}
 	}
-	res, err := f.c.Apply(ctx, wsclient.ChangeSet{Write: []wsclient.WriteOp{{Path: "bin/run.sh", Staged: id}, {Path: "small", Content: "s"}}})
+	res, err := f.c.Apply(ctx, wsapi.ChangeSet{Write: []wsapi.WriteOp{{Path: "bin/run.sh", Staged: id}, {Path: "small", Content: "s"}}})
 	if err != nil || res.Written != 2 {
 		t.Fatalf("Apply(staged) = %+v, %v", res, err)
 	}
@@ -209,7 +209,7 @@ func TestStage(t *testing.T) {
 	if _, err := f.c.Stage(ctx, id3, "bin/tool", 0, []byte("#!/bin/sh\n")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.c.Apply(ctx, wsclient.ChangeSet{Write: []wsclient.WriteOp{{Path: "bin/tool", Staged: id3, Mode: 0o750}}}); err != nil {
+	if _, err := f.c.Apply(ctx, wsapi.ChangeSet{Write: []wsapi.WriteOp{{Path: "bin/tool", Staged: id3, Mode: 0o750}}}); err != nil {
 		t.Fatalf("Apply(staged, mode 0750) = %v", err)
 	}
 	if fi, err := os.Stat(filepath.Join(dir, "bin", "tool")); err != nil || fi.Mode().Perm() != 0o750 {

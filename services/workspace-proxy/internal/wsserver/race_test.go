@@ -8,7 +8,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsclient"
+	"github.com/telorunner/telorunner/pkg/wsapi"
 )
 
 // The symlink checks are policy; os.Root is the boundary. Here a directory
@@ -49,12 +49,12 @@ func TestSymlinkSwapRace(t *testing.T) {
 			for range 300 {
 				switch w {
 				case 0:
-					_, _ = f.c.Apply(ctx, wsclient.ChangeSet{Write: []wsclient.WriteOp{
+					_, _ = f.c.Apply(ctx, wsapi.ChangeSet{Write: []wsapi.WriteOp{
 						{Path: "d/secret", Content: "pwned"}, {Path: "d/new/deep", Content: "pwned"}}})
 				case 1:
-					_, _ = f.c.Apply(ctx, wsclient.ChangeSet{Delete: []string{"d/secret", "d/d", "d/new"}})
+					_, _ = f.c.Apply(ctx, wsapi.ChangeSet{Delete: []string{"d/secret", "d/d", "d/new"}})
 				default:
-					file, err := f.c.Read(ctx, "d/secret", wsclient.EncodingBase64)
+					file, err := f.c.Read(ctx, "d/secret", wsapi.EncodingBase64)
 					if err == nil {
 						if b, _ := base64.StdEncoding.DecodeString(file.Content); string(b) == "top secret\n" {
 							t.Errorf("Read(d/secret) returned the sentinel outside the root")

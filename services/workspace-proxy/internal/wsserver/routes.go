@@ -13,25 +13,26 @@ import (
 
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/pkg/merkle"
+	"github.com/telorunner/telorunner/pkg/wsapi"
 )
 
 func (s *Server) routes() {
-	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+	s.mux.HandleFunc("GET "+wsapi.RouteHealth, func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	s.mux.HandleFunc("GET /workspace", s.handle(s.getTree))
-	s.mux.HandleFunc("POST /workspace", s.handle(s.writing(s.postApply)))
-	s.mux.HandleFunc("GET /workspace/file", s.handle(s.getFile))
-	s.mux.HandleFunc("GET /workspace/snapshot", s.handle(s.getSnapshot))
-	s.mux.HandleFunc("GET /workspace/blob/{hash}", s.handle(s.getBlob))
-	s.mux.HandleFunc("GET /workspace/node", s.handle(s.getRoot))
-	s.mux.HandleFunc("GET /workspace/node/{hash}", s.handle(s.getNode))
-	s.mux.HandleFunc("POST /workspace/touch", s.handle(s.writing(s.postTouch)))
-	s.mux.HandleFunc("POST /workspace/freeze", s.handle(s.postFreeze))
-	s.mux.HandleFunc("GET /workspace/treepage", s.handle(s.getTreePage))
-	s.mux.HandleFunc("GET /workspace/range", s.handle(s.getRange))
-	s.mux.HandleFunc("POST /workspace/stage", s.handle(s.writing(s.postStage)))
-	s.mux.HandleFunc("DELETE /workspace/stage", s.handle(s.deleteStage))
+	s.mux.HandleFunc("GET "+wsapi.RouteTree, s.handle(s.getTree))
+	s.mux.HandleFunc("POST "+wsapi.RouteTree, s.handle(s.writing(s.postApply)))
+	s.mux.HandleFunc("GET "+wsapi.RouteFile, s.handle(s.getFile))
+	s.mux.HandleFunc("GET "+wsapi.RouteSnapshot, s.handle(s.getSnapshot))
+	s.mux.HandleFunc("GET "+wsapi.RouteBlob+"{hash}", s.handle(s.getBlob))
+	s.mux.HandleFunc("GET "+wsapi.RouteNode, s.handle(s.getRoot))
+	s.mux.HandleFunc("GET "+wsapi.RouteNode+"/{hash}", s.handle(s.getNode))
+	s.mux.HandleFunc("POST "+wsapi.RouteTouch, s.handle(s.writing(s.postTouch)))
+	s.mux.HandleFunc("POST "+wsapi.RouteFreeze, s.handle(s.postFreeze))
+	s.mux.HandleFunc("GET "+wsapi.RouteTreePage, s.handle(s.getTreePage))
+	s.mux.HandleFunc("GET "+wsapi.RouteRange, s.handle(s.getRange))
+	s.mux.HandleFunc("POST "+wsapi.RouteStage, s.handle(s.writing(s.postStage)))
+	s.mux.HandleFunc("DELETE "+wsapi.RouteStage, s.handle(s.deleteStage))
 }
 
 // handle adapts a handler that reports failure by returning an error.
@@ -49,7 +50,7 @@ func (s *Server) writing(h func(http.ResponseWriter, *http.Request) error) func(
 		s.writes.RLock()
 		defer s.writes.RUnlock()
 		if s.frozen {
-			return &apiError{status: http.StatusConflict, code: codeFrozen, msg: "the workspace is frozen (the session is being suspended): it takes no writes"}
+			return &apiError{status: http.StatusConflict, code: wsapi.CodeFrozen, msg: "the workspace is frozen (the session is being suspended): it takes no writes"}
 		}
 		return h(w, r)
 	}
@@ -201,12 +202,12 @@ func (s *Server) postApply(w http.ResponseWriter, r *http.Request) error {
 			err = s.writeAtomic(wr.path, wr.data)
 		}
 		if err != nil {
-			return fsFailure(codeWriteFailed, fmt.Errorf("write %s: %w", wr.path, err))
+			return fsFailure(wsapi.CodeWriteFailed, fmt.Errorf("write %s: %w", wr.path, err))
 		}
 	}
 	for _, p := range deletes {
 		if err := s.remove(p); err != nil {
-			return fsFailure(codeDeleteFailed, fmt.Errorf("delete %s: %w", p, err))
+			return fsFailure(wsapi.CodeDeleteFailed, fmt.Errorf("delete %s: %w", p, err))
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]int{"written": len(writes), "deleted": len(deletes)})
@@ -244,7 +245,7 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) error {
 	}
 	data, _, err := s.readRegular(p)
 	if err != nil {
-		return fsFailure(codeReadFailed, fmt.Errorf("read %s: %w", p, err))
+		return fsFailure(wsapi.CodeReadFailed, fmt.Errorf("read %s: %w", p, err))
 	}
 	content := string(data)
 	if encoding == "base64" {
@@ -261,7 +262,7 @@ func (s *Server) getBlob(w http.ResponseWriter, r *http.Request) error {
 	}
 	data, err := s.blob(r.Context(), hash)
 	if err != nil {
-		return fsFailure(codeReadFailed, err)
+		return fsFailure(wsapi.CodeReadFailed, err)
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
@@ -306,17 +307,17 @@ func (s *Server) postTouch(w http.ResponseWriter, r *http.Request) error {
 	for _, p := range paths {
 		f, _, err := s.openRegular(p)
 		if err != nil {
-			return fsFailure(codeReadFailed, fmt.Errorf("touch %s: %w", p, err))
+			return fsFailure(wsapi.CodeReadFailed, fmt.Errorf("touch %s: %w", p, err))
 		}
 		_ = f.Close()
 	}
 	for _, p := range paths {
 		data, fi, err := s.readRegular(p)
 		if err != nil {
-			return fsFailure(codeReadFailed, fmt.Errorf("touch %s: %w", p, err))
+			return fsFailure(wsapi.CodeReadFailed, fmt.Errorf("touch %s: %w", p, err))
 		}
 		if err := s.touch(p, data, fi); err != nil {
-			return fsFailure(codeWriteFailed, fmt.Errorf("touch %s: %w", p, err))
+			return fsFailure(wsapi.CodeWriteFailed, fmt.Errorf("touch %s: %w", p, err))
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]int{"touched": len(paths)})
@@ -335,7 +336,7 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge):
-		return &apiError{status: http.StatusRequestEntityTooLarge, code: codeTooLarge,
+		return &apiError{status: http.StatusRequestEntityTooLarge, code: wsapi.CodeTooLarge,
 			msg: fmt.Sprintf("body exceeds %d bytes", MaxBodyBytes)}
 	case err != nil:
 		return badRequest("body: " + err.Error())

@@ -18,11 +18,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsclient"
+	"github.com/telorunner/telorunner/pkg/wsapi"
 	"github.com/telorunner/telorunner/services/workspace-proxy/internal/wsserver"
 )
 
-func treePaths(tr wsclient.Tree) []string {
+func treePaths(tr wsapi.Tree) []string {
 	var out []string
 	for _, f := range tr.Files {
 		out = append(out, f.Path)
@@ -60,7 +60,7 @@ func TestTree(t *testing.T) {
 	}
 	// "a-b/c" sorts before "a/b.yaml" in byte order ('-' < '/'), although a
 	// directory walk visits "a" first.
-	want := []wsclient.TreeFile{
+	want := []wsapi.TreeFile{
 		{Path: "a-b/c", Hash: sha([]byte("c\n"))},
 		{Path: "a/b.yaml", Hash: sha([]byte("b\n"))},
 		{Path: "dist/out.js", Hash: sha([]byte("kept\n"))},
@@ -156,11 +156,11 @@ func TestApply(t *testing.T) {
 	for i := range binary {
 		binary[i] = byte(i)
 	}
-	res, err := f.c.Apply(t.Context(), wsclient.ChangeSet{
-		Write: []wsclient.WriteOp{
+	res, err := f.c.Apply(t.Context(), wsapi.ChangeSet{
+		Write: []wsapi.WriteOp{
 			{Path: "new/deep/dir/telo.yaml", Content: "name: x\n"},
-			{Path: "old.yaml", Content: "new", Encoding: wsclient.EncodingUTF8},
-			{Path: "bin/all.bytes", Content: base64.StdEncoding.EncodeToString(binary), Encoding: wsclient.EncodingBase64},
+			{Path: "old.yaml", Content: "new", Encoding: wsapi.EncodingUTF8},
+			{Path: "bin/all.bytes", Content: base64.StdEncoding.EncodeToString(binary), Encoding: wsapi.EncodingBase64},
 			{Path: "keep.txt", Content: "kept, still executable"},
 			{Path: "empty", Content: ""},
 		},
@@ -169,7 +169,7 @@ func TestApply(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Apply() = %v", err)
 	}
-	if want := (wsclient.ApplyResult{Written: 5, Deleted: 4}); res != want {
+	if want := (wsapi.ApplyResult{Written: 5, Deleted: 4}); res != want {
 		t.Fatalf("Apply() = %+v, want %+v", res, want)
 	}
 	for p, want := range map[string][]byte{
@@ -195,17 +195,17 @@ func TestApply(t *testing.T) {
 	}
 
 	// Deleting again is success.
-	res, err = f.c.Apply(t.Context(), wsclient.ChangeSet{Delete: []string{"gone", "gone"}})
-	if err != nil || res != (wsclient.ApplyResult{Deleted: 2}) {
+	res, err = f.c.Apply(t.Context(), wsapi.ChangeSet{Delete: []string{"gone", "gone"}})
+	if err != nil || res != (wsapi.ApplyResult{Deleted: 2}) {
 		t.Fatalf("Apply(delete absent) = %+v, %v; want {0 2}, nil", res, err)
 	}
 	// An empty change set is fine.
-	res, err = f.c.Apply(t.Context(), wsclient.ChangeSet{})
-	if err != nil || res != (wsclient.ApplyResult{}) {
+	res, err = f.c.Apply(t.Context(), wsapi.ChangeSet{})
+	if err != nil || res != (wsapi.ApplyResult{}) {
 		t.Fatalf("Apply(empty) = %+v, %v", res, err)
 	}
 	// Base64 round-trips through the read route too.
-	file, err := f.c.Read(t.Context(), "bin/all.bytes", wsclient.EncodingBase64)
+	file, err := f.c.Read(t.Context(), "bin/all.bytes", wsapi.EncodingBase64)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +229,7 @@ func TestApplyConcurrentWithTree(t *testing.T) {
 		wg.Go(func() {
 			for i := 0; ctx.Err() == nil; i++ {
 				n := (i + w) % 20
-				_, err := f.c.Apply(ctx, wsclient.ChangeSet{Write: []wsclient.WriteOp{{Path: "hot/file", Content: strings.Repeat(fmt.Sprint(n), 10000)}}})
+				_, err := f.c.Apply(ctx, wsapi.ChangeSet{Write: []wsapi.WriteOp{{Path: "hot/file", Content: strings.Repeat(fmt.Sprint(n), 10000)}}})
 				if err != nil && ctx.Err() == nil {
 					t.Errorf("Apply() = %v", err)
 					return
@@ -330,12 +330,12 @@ func TestApplyPartialFailure(t *testing.T) {
 	writeFiles(t, dir, map[string]string{"plain": "a file", "adir/x": "x"})
 	f := start(t, dir, nil)
 	for _, bad := range []string{"plain/child", "adir"} {
-		_, err := f.c.Apply(t.Context(), wsclient.ChangeSet{Write: []wsclient.WriteOp{
+		_, err := f.c.Apply(t.Context(), wsapi.ChangeSet{Write: []wsapi.WriteOp{
 			{Path: "first", Content: bad},
 			{Path: bad, Content: "cannot be written"},
 			{Path: "third", Content: "never reached"},
 		}})
-		var we *wsclient.Error
+		var we *wsapi.Error
 		if !errors.As(err, &we) || we.Status != 500 || we.Code != "write_failed" {
 			t.Fatalf("Apply(write %s) = %v, want 500 write_failed", bad, err)
 		}
@@ -357,11 +357,11 @@ func TestRead(t *testing.T) {
 	f := start(t, dir, nil)
 
 	got, err := f.c.Read(t.Context(), "a/t.yaml", "")
-	if want := (wsclient.File{Content: "héllo\n", Size: 7}); err != nil || got != want {
+	if want := (wsapi.File{Content: "héllo\n", Size: 7}); err != nil || got != want {
 		t.Fatalf("Read(utf8) = %+v, %v; want %+v", got, err, want)
 	}
-	got, err = f.c.Read(t.Context(), "/a//./t.yaml", wsclient.EncodingBase64)
-	if want := (wsclient.File{Content: base64.StdEncoding.EncodeToString([]byte("héllo\n")), Size: 7}); err != nil || got != want {
+	got, err = f.c.Read(t.Context(), "/a//./t.yaml", wsapi.EncodingBase64)
+	if want := (wsapi.File{Content: base64.StdEncoding.EncodeToString([]byte("héllo\n")), Size: 7}); err != nil || got != want {
 		t.Fatalf("Read(base64, unnormalized path) = %+v, %v; want %+v", got, err, want)
 	}
 
@@ -387,7 +387,7 @@ func TestRead(t *testing.T) {
 			}
 		})
 	}
-	if _, err := f.c.Read(t.Context(), "nope", ""); !wsclient.IsNotFound(err) {
+	if _, err := f.c.Read(t.Context(), "nope", ""); !wsapi.IsNotFound(err) {
 		t.Fatalf("Read(missing) = %v, want IsNotFound", err)
 	}
 }
@@ -467,7 +467,7 @@ func TestTouch(t *testing.T) {
 	// A missing path fails before anything is touched.
 	otherBefore, _ := os.Stat(filepath.Join(dir, "other.yaml"))
 	_, err = f.c.Touch(t.Context(), []string{"other.yaml", "missing.yaml"})
-	if !wsclient.IsNotFound(err) {
+	if !wsapi.IsNotFound(err) {
 		t.Fatalf("Touch(missing) = %v, want file_not_found", err)
 	}
 	if otherAfter, _ := os.Stat(filepath.Join(dir, "other.yaml")); !os.SameFile(otherBefore, otherAfter) {
@@ -511,7 +511,7 @@ func TestBlob(t *testing.T) {
 		"excluded file":             sha([]byte("only in git")),
 		"sentinel outside via link": sha([]byte("top secret\n")),
 	} {
-		if _, err := f.c.Blob(t.Context(), hash); !wsclient.IsNotFound(err) {
+		if _, err := f.c.Blob(t.Context(), hash); !wsapi.IsNotFound(err) {
 			t.Fatalf("Blob(%s) = %v, want file_not_found", name, err)
 		}
 	}
@@ -566,7 +566,7 @@ func TestServeStopsOnCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, ln) }()
-	c := wsclient.New("http://"+ln.Addr().String(), &http.Client{Transport: &http.Transport{}})
+	c := wsapi.New("http://"+ln.Addr().String(), &http.Client{Transport: &http.Transport{}})
 	if err := c.Health(t.Context()); err != nil {
 		t.Fatalf("Health() = %v", err)
 	}

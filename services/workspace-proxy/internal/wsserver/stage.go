@@ -9,6 +9,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/telorunner/telorunner/pkg/wsapi"
 )
 
 // Staged writes: a file too large for one bus message reaches the server
@@ -62,22 +64,15 @@ func (s *Server) postStage(w http.ResponseWriter, r *http.Request) error {
 	if !validUploadID(id) {
 		return badRequest("upload: want 16 to 64 lowercase hex digits")
 	}
-	if q.Get("path") == "" {
-		return badPath("?path= is required")
-	}
-	p, err := normalize(q.Get("path"))
+	p, offset, err := pathOffset(q)
 	if err != nil {
 		return err
-	}
-	offset, err := intParam(q.Get("offset"), 0, 0, 1<<62)
-	if err != nil {
-		return badRequest("offset: " + err.Error())
 	}
 	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge):
-		return &apiError{status: http.StatusRequestEntityTooLarge, code: codeTooLarge, msg: fmt.Sprintf("body exceeds %d bytes", MaxBodyBytes)}
+		return &apiError{status: http.StatusRequestEntityTooLarge, code: wsapi.CodeTooLarge, msg: fmt.Sprintf("body exceeds %d bytes", MaxBodyBytes)}
 	case err != nil:
 		return badRequest("body: " + err.Error())
 	}
@@ -91,19 +86,19 @@ func (s *Server) postStage(w http.ResponseWriter, r *http.Request) error {
 	}
 	d, err := s.dirOf(p, true)
 	if err != nil {
-		return fsFailure(codeWriteFailed, fmt.Errorf("stage %s: %w", p, err))
+		return fsFailure(wsapi.CodeWriteFailed, fmt.Errorf("stage %s: %w", p, err))
 	}
 	defer d.close()
 	f, err := d.OpenFile(uploadName(id), os.O_WRONLY|os.O_CREATE, 0o600)
 	if err != nil {
-		return fsFailure(codeWriteFailed, fmt.Errorf("stage %s: %w", p, err))
+		return fsFailure(wsapi.CodeWriteFailed, fmt.Errorf("stage %s: %w", p, err))
 	}
 	_, err = f.WriteAt(data, offset)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return fsFailure(codeWriteFailed, fmt.Errorf("stage %s: %w", p, err))
+		return fsFailure(wsapi.CodeWriteFailed, fmt.Errorf("stage %s: %w", p, err))
 	}
 	u.size = max(u.size, offset+int64(len(data)))
 	u.touched = s.now()

@@ -4,15 +4,11 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,6 +17,7 @@ import (
 	"time"
 
 	"github.com/telorunner/telorunner/pkg/contract"
+	"github.com/telorunner/telorunner/pkg/merkle"
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend"
 )
 
@@ -99,7 +96,7 @@ func RestoreSeed(r backend.Restore) (Seed, error) {
 		}
 		seen[rel] = true
 		h := strings.ToLower(f.Hash)
-		if !isHash(h) {
+		if !merkle.ValidHash(h) {
 			return Seed{}, fmt.Errorf("restore %s: hash %q is not 64 hex digits", rel, f.Hash)
 		}
 		s.items = append(s.items, seedItem{path: rel, mode: f.Mode, hash: h, size: f.Size})
@@ -552,11 +549,10 @@ func (c WorkspaceClient) stage(ctx context.Context, path string, data []byte) (s
 		return "", err
 	}
 	id := hex.EncodeToString(b[:])
+	api := c.api()
 	for off := 0; ; off += StageChunk {
 		end := min(off+StageChunk, len(data))
-		q := url.Values{"upload": {id}, "path": {path}, "offset": {strconv.Itoa(off)}}
-		var ans struct{ Size int64 }
-		if err := c.doJSON(ctx, http.MethodPost, "/workspace/stage?"+q.Encode(), data[off:end], &ans); err != nil {
+		if _, err := api.Stage(ctx, id, path, int64(off), data[off:end]); err != nil {
 			return "", fmt.Errorf("stage %s: %w", path, err)
 		}
 		if end == len(data) {
@@ -621,64 +617,14 @@ func (c WorkspaceClient) deleteAll(ctx context.Context, paths []string, chunk in
 	return nil
 }
 
-// TreeFile is one file of GET /workspace.
-type TreeFile struct {
-	Path string `json:"path"`
-	Hash string `json:"hash"`
-}
-
 // Tree lists the workspace's files with their hashes.
 func (c WorkspaceClient) Tree(ctx context.Context) ([]TreeFile, error) {
-	var tree struct {
-		Files []TreeFile `json:"files"`
-	}
-	if err := c.do(ctx, http.MethodGet, "/workspace", nil, &tree); err != nil {
-		return nil, err
-	}
-	return tree.Files, nil
+	t, err := c.api().Tree(ctx)
+	return t.Files, err
 }
 
 // Blob reads the content of a workspace file whose hash is hash (GET
 // /workspace/blob/{hash}), checked against it.
 func (c WorkspaceClient) Blob(ctx context.Context, hash string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, WorkspaceRequestTimeout)
-	defer cancel()
-	path := "/workspace/blob/" + hash
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.Base+path, nil)
-	if err != nil {
-		return nil, fmt.Errorf("GET %s: %w", path, err)
-	}
-	client := c.HTTP
-	if client == nil {
-		client = http.DefaultClient
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("GET %s: %w", path, err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusOK {
-		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, wsErrorBody))
-		return nil, fmt.Errorf("GET %s: status %s: %s", path, resp.Status, snippet)
-	}
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, fmt.Errorf("GET %s: %w", path, err)
-	}
-	if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != hash {
-		return nil, fmt.Errorf("GET %s: content does not match its hash", path)
-	}
-	return data, nil
-}
-
-func isHash(h string) bool {
-	if len(h) != 64 {
-		return false
-	}
-	for i := range len(h) {
-		if c := h[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
+	return c.api().Blob(ctx, hash)
 }

@@ -1,4 +1,4 @@
-package server
+package decode
 
 import (
 	"bytes"
@@ -17,55 +17,55 @@ import (
 // ignored. These helpers read a decoded body the same lenient way and name
 // the offending property in their errors.
 
-type schemaError struct{ msg string }
+type SchemaError struct{ msg string }
 
-func (e *schemaError) Error() string { return e.msg }
+func (e *SchemaError) Error() string { return e.msg }
 
-func schemaErrf(format string, args ...any) error {
-	return &schemaError{msg: fmt.Sprintf(format, args...)}
+func Errorf(format string, args ...any) error {
+	return &SchemaError{msg: fmt.Sprintf(format, args...)}
 }
 
-// obj is a decoded JSON object with its path for error messages.
-type obj struct {
-	path string
+// Obj is a decoded JSON object with its path for error messages.
+type Obj struct {
+	Path string // where it is in the body, for error messages
 	m    map[string]any
 }
 
-func parseObject(data []byte, path string) (obj, error) {
+func Parse(data []byte, path string) (Obj, error) {
 	var v any
 	d := json.NewDecoder(bytes.NewReader(data))
 	d.UseNumber()
 	if err := d.Decode(&v); err != nil {
-		return obj{}, schemaErrf("body is not valid JSON: %v", err)
+		return Obj{}, Errorf("body is not valid JSON: %v", err)
 	}
 	if _, err := d.Token(); err != io.EOF {
-		return obj{}, schemaErrf("body is not valid JSON: data after the top-level value")
+		return Obj{}, Errorf("body is not valid JSON: data after the top-level value")
 	}
-	return asObject(v, path)
+	return AsObject(v, path)
 }
 
-func asObject(v any, path string) (obj, error) {
+func AsObject(v any, path string) (Obj, error) {
 	m, ok := v.(map[string]any)
 	if !ok {
-		return obj{}, schemaErrf("%s must be object", path)
+		return Obj{}, Errorf("%s must be object", path)
 	}
-	return obj{path: path, m: m}, nil
+	return Obj{Path: path, m: m}, nil
 }
 
-func (o obj) has(key string) bool {
+func (o Obj) Has(key string) bool {
 	v, ok := o.m[key]
 	return ok && v != nil
 }
 
-func (o obj) missing(key string) error {
-	return schemaErrf("%s must have required property '%s'", o.path, key)
+func (o Obj) Missing(key string) error {
+	return Errorf("%s must have required property '%s'", o.Path, key)
 }
 
-func (o obj) str(key string, required bool, minLen int) (string, bool, error) {
+func (o Obj) Str(key string, required bool, minLen int) (string, bool, error) {
 	v, ok := o.m[key]
 	if !ok || v == nil {
 		if required {
-			return "", false, o.missing(key)
+			return "", false, o.Missing(key)
 		}
 		return "", false, nil
 	}
@@ -78,28 +78,28 @@ func (o obj) str(key string, required bool, minLen int) (string, bool, error) {
 	case bool:
 		s = strconv.FormatBool(t)
 	default:
-		return "", false, schemaErrf("%s/%s must be string", o.path, key)
+		return "", false, Errorf("%s/%s must be string", o.Path, key)
 	}
 	if utf8.RuneCountInString(s) < minLen { // no copy: contents may be megabytes
-		return "", false, schemaErrf("%s/%s must NOT have fewer than %d characters", o.path, key, minLen)
+		return "", false, Errorf("%s/%s must NOT have fewer than %d characters", o.Path, key, minLen)
 	}
 	return s, true, nil
 }
 
-func (o obj) integer(key string, required bool, lo, hi int) (int, bool, error) {
+func (o Obj) Integer(key string, required bool, lo, hi int) (int, bool, error) {
 	v, ok := o.m[key]
 	if !ok || v == nil {
 		if required {
-			return 0, false, o.missing(key)
+			return 0, false, o.Missing(key)
 		}
 		return 0, false, nil
 	}
 	n, ok := toInt(v)
 	if !ok {
-		return 0, false, schemaErrf("%s/%s must be integer", o.path, key)
+		return 0, false, Errorf("%s/%s must be integer", o.Path, key)
 	}
 	if n < lo || n > hi {
-		return 0, false, schemaErrf("%s/%s must be >= %d and <= %d", o.path, key, lo, hi)
+		return 0, false, Errorf("%s/%s must be >= %d and <= %d", o.Path, key, lo, hi)
 	}
 	return n, true, nil
 }
@@ -126,7 +126,7 @@ func toInt(v any) (int, bool) {
 	return int(f), true
 }
 
-func (o obj) boolean(key string) (bool, bool, error) {
+func (o Obj) Boolean(key string) (bool, bool, error) {
 	v, ok := o.m[key]
 	if !ok || v == nil {
 		return false, false, nil
@@ -149,11 +149,11 @@ func (o obj) boolean(key string) (bool, bool, error) {
 			return false, true, nil
 		}
 	}
-	return false, false, schemaErrf("%s/%s must be boolean", o.path, key)
+	return false, false, Errorf("%s/%s must be boolean", o.Path, key)
 }
 
-func (o obj) enum(key string, required bool, allowed ...string) (string, bool, error) {
-	s, ok, err := o.str(key, required, 0)
+func (o Obj) Enum(key string, required bool, allowed ...string) (string, bool, error) {
+	s, ok, err := o.Str(key, required, 0)
 	if err != nil || !ok {
 		return s, ok, err
 	}
@@ -162,12 +162,12 @@ func (o obj) enum(key string, required bool, allowed ...string) (string, bool, e
 			return s, true, nil
 		}
 	}
-	return "", false, schemaErrf("%s/%s must be equal to one of the allowed values", o.path, key)
+	return "", false, Errorf("%s/%s must be equal to one of the allowed values", o.Path, key)
 }
 
 // passthrough reads a property no schema lists: a string as it is, any
 // other value as its JSON text ("" when absent or null). It never fails.
-func (o obj) passthrough(key string) string {
+func (o Obj) Passthrough(key string) string {
 	v, ok := o.m[key]
 	if !ok || v == nil {
 		return ""
@@ -180,11 +180,11 @@ func (o obj) passthrough(key string) string {
 }
 
 // array reads an array, wrapping a lone scalar or object into one item.
-func (o obj) array(key string, required bool) ([]any, bool, error) {
+func (o Obj) Array(key string, required bool) ([]any, bool, error) {
 	v, ok := o.m[key]
 	if !ok || v == nil {
 		if required {
-			return nil, false, o.missing(key)
+			return nil, false, o.Missing(key)
 		}
 		return nil, false, nil
 	}
@@ -194,27 +194,27 @@ func (o obj) array(key string, required bool) ([]any, bool, error) {
 	return []any{v}, true, nil
 }
 
-func (o obj) object(key string, required bool) (obj, bool, error) {
+func (o Obj) Object(key string, required bool) (Obj, bool, error) {
 	v, ok := o.m[key]
 	if !ok || v == nil {
 		if required {
-			return obj{}, false, o.missing(key)
+			return Obj{}, false, o.Missing(key)
 		}
-		return obj{}, false, nil
+		return Obj{}, false, nil
 	}
-	ob, err := asObject(v, o.path+"/"+key)
+	ob, err := AsObject(v, o.Path+"/"+key)
 	return ob, err == nil, err
 }
 
 // stringMap reads an object of string values (numbers and booleans coerced).
-func (o obj) stringMap(key string, required bool) (map[string]string, error) {
-	ob, ok, err := o.object(key, required)
+func (o Obj) StringMap(key string, required bool) (map[string]string, error) {
+	ob, ok, err := o.Object(key, required)
 	if err != nil || !ok {
 		return map[string]string{}, err
 	}
 	out := make(map[string]string, len(ob.m))
 	for k := range ob.m {
-		s, _, err := ob.str(k, true, 0)
+		s, _, err := ob.Str(k, true, 0)
 		if err != nil {
 			return nil, err
 		}

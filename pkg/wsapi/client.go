@@ -1,8 +1,10 @@
-// Package wsclient is the runner-side client of the in-pod workspace
-// server (contract 9.2, 9.4): typed calls with a 30 s per-request timeout,
-// and every non-2xx answer returned as an *Error carrying the server's
-// error code.
-package wsclient
+// Package wsapi is the wire of the in-pod workspace server (contract 9.2,
+// 9.4) in one place: its shapes (aliases of the contract's workspace
+// types), the workspace marker, and the one runner-side client: typed calls
+// with a 30 s per-request timeout, every non-2xx answer returned as an
+// *Error carrying the server's error code. workspace-proxy (runner-ws) and
+// the pod-driver (seeding, readiness) both use it.
+package wsapi
 
 import (
 	"bytes"
@@ -19,6 +21,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/telorunner/telorunner/pkg/contract"
 )
 
 // Timeout bounds each request, body included (contract 9.4).
@@ -36,54 +40,62 @@ const (
 	CodeInvalidRequest = "invalid_request"
 	CodeFileNotFound   = "file_not_found"
 	CodeFrozen         = "workspace_frozen" // a write to a frozen workspace (Freeze)
+	CodeTooLarge       = "payload_too_large"
+	CodeUnsafePath     = "unsafe_path"
+	CodeWriteFailed    = "write_failed"
+	CodeDeleteFailed   = "delete_failed"
+	CodeReadFailed     = "read_failed"
+	CodeWalkFailed     = "walk_failed"
+	CodeInternal       = "internal"
+)
+
+// The workspace server's routes (contract 9.2 and the runner's own).
+const (
+	RouteHealth   = "/healthz"
+	RouteTree     = "/workspace"          // GET: Tree; POST: apply a ChangeSet
+	RouteFile     = "/workspace/file"     // GET ?path=&encoding=: File
+	RouteSnapshot = "/workspace/snapshot" // GET: every file, base64
+	RouteBlob     = "/workspace/blob/"    // + hash: GET a file's bytes by hash
+	RouteNode     = "/workspace/node"     // GET: the root tree node; + "/" + hash: a recent walk's node
+	RouteTouch    = "/workspace/touch"    // POST {"paths"}: rewrite with the same bytes
+	RouteFreeze   = "/workspace/freeze"   // POST {"frozen"}
+	RouteTreePage = "/workspace/treepage" // GET ?after=&limit=&bytes=: TreePage
+	RouteRange    = "/workspace/range"    // GET ?path=&offset=&length=: bytes, HeaderSize, HeaderStamp
+	RouteStage    = "/workspace/stage"    // POST ?upload=&path=&offset=: raw bytes; DELETE ?upload=
+)
+
+// Headers of a range answer (RouteRange).
+const (
+	HeaderSize  = "Workspace-Size"  // the whole file's size in bytes
+	HeaderStamp = "Workspace-Stamp" // the file's version
 )
 
 // maxErrorBody is how much of a failure body an Error keeps, in characters.
 const maxErrorBody = 500
 
-// Tree is the content-hash listing of the workspace (contract 3.10).
-type Tree struct {
-	Files []TreeFile `json:"files"`
-}
+// The workspace server's shapes are the contract's (section 3.10).
+type (
+	Tree        = contract.Tree
+	TreeFile    = contract.TreeFile
+	ChangeSet   = contract.ChangeSet
+	WriteOp     = contract.WriteOp
+	ApplyResult = contract.ApplyResult
+	File        = contract.File
+	TreePage    = contract.TreePage
+)
 
-// TreeFile is one regular file: relative "/"-separated path and lowercase
-// hex SHA-256 of its bytes.
-type TreeFile struct {
-	Path string `json:"path"`
-	Hash string `json:"hash"`
-}
+// MarkerPath is the workspace marker seeded at the root (contract 9.7).
+const MarkerPath = "telo-workspace.yaml"
 
-// ChangeSet is a batch of writes then deletes (contract 3.10, 4.9).
-type ChangeSet struct {
-	Write  []WriteOp `json:"write,omitempty"`
-	Delete []string  `json:"delete,omitempty"`
-}
-
-// WriteOp writes Content to Path; Encoding is EncodingUTF8 (or empty) or
-// EncodingBase64. Mode, when not 0, gives the file those permission bits
-// (a checkpoint restore; the /v1 change set has no mode); 0 keeps an
-// existing file's mode and gives a new one 0644.
-type WriteOp struct {
-	Path     string `json:"path"`
-	Content  string `json:"content"`
-	Encoding string `json:"encoding,omitempty"`
-	Mode     uint32 `json:"mode,omitempty"`
-	// Staged names an upload (Stage) holding the content; Content is then
-	// ignored and the upload is renamed into place whole.
-	Staged string `json:"staged,omitempty"`
-}
-
-// ApplyResult counts the operations of an applied ChangeSet.
-type ApplyResult struct {
-	Written int `json:"written"`
-	Deleted int `json:"deleted"`
-}
-
-// File is one file's content (in the encoding asked for) and byte size.
-type File struct {
-	Content string `json:"content"`
-	Size    int64  `json:"size"`
-}
+// MarkerContent anchors the kernels' shared module cache: a comment
+// block, then the non-empty modules list the workspace parser requires.
+const MarkerContent = `# Workspace marker, seeded by telorunner when this watch session started.
+# The Telo kernel anchors its module cache (.telo) at the nearest directory
+# above an entry that holds this file, so every app of the session shares
+# one cache here and a module is downloaded once per session.
+# The modules list is read only by "telo release"; it must not be empty.
+modules: ["*"]
+`
 
 // SnapshotFile is one file of a snapshot; Content is always base64
 // (contract 3.10 CheckpointFile).
@@ -137,14 +149,14 @@ func New(baseURL string, httpClient *http.Client) *Client {
 
 // Health returns nil when GET /healthz answers 2xx.
 func (c *Client) Health(ctx context.Context) error {
-	_, err := c.do(ctx, http.MethodGet, "/healthz", nil, nil)
+	_, err := c.do(ctx, http.MethodGet, RouteHealth, nil, nil)
 	return err
 }
 
 // Tree lists every regular file of the workspace with its hash.
 func (c *Client) Tree(ctx context.Context) (Tree, error) {
 	var t Tree
-	err := c.doJSON(ctx, http.MethodGet, "/workspace", nil, nil, &t)
+	err := c.doJSON(ctx, http.MethodGet, RouteTree, nil, nil, &t)
 	return t, err
 }
 
@@ -152,8 +164,22 @@ func (c *Client) Tree(ctx context.Context) (Tree, error) {
 // part-way leaves earlier operations applied.
 func (c *Client) Apply(ctx context.Context, cs ChangeSet) (ApplyResult, error) {
 	var r ApplyResult
-	err := c.doJSON(ctx, http.MethodPost, "/workspace", nil, cs, &r)
+	err := c.doJSON(ctx, http.MethodPost, RouteTree, nil, cs, &r)
 	return r, err
+}
+
+// ApplyEncoded is Apply with the change set already encoded as JSON (a
+// seed writes large contents into the body without a second copy).
+func (c *Client) ApplyEncoded(ctx context.Context, body []byte) (ApplyResult, error) {
+	var r ApplyResult
+	_, data, err := c.doRaw(ctx, http.MethodPost, RouteTree, nil, body, "application/json")
+	if err != nil {
+		return r, err
+	}
+	if err := json.Unmarshal(data, &r); err != nil {
+		return r, fmt.Errorf("workspace POST /workspace: decode answer: %w", err)
+	}
+	return r, nil
 }
 
 // Read returns one file; encoding is "" (utf8), EncodingUTF8 or
@@ -164,7 +190,7 @@ func (c *Client) Read(ctx context.Context, path, encoding string) (File, error) 
 		q.Set("encoding", encoding)
 	}
 	var f File
-	err := c.doJSON(ctx, http.MethodGet, "/workspace/file", q, nil, &f)
+	err := c.doJSON(ctx, http.MethodGet, RouteFile, q, nil, &f)
 	return f, err
 }
 
@@ -173,14 +199,14 @@ func (c *Client) Snapshot(ctx context.Context) ([]SnapshotFile, error) {
 	var s struct {
 		Files []SnapshotFile `json:"files"`
 	}
-	err := c.doJSON(ctx, http.MethodGet, "/workspace/snapshot", nil, nil, &s)
+	err := c.doJSON(ctx, http.MethodGet, RouteSnapshot, nil, nil, &s)
 	return s.Files, err
 }
 
 // Blob returns the bytes of a workspace file whose SHA-256 is hash and
 // checks them against it.
 func (c *Client) Blob(ctx context.Context, hash string) ([]byte, error) {
-	p := "/workspace/blob/" + url.PathEscape(hash)
+	p := RouteBlob + url.PathEscape(hash)
 	data, err := c.do(ctx, http.MethodGet, p, nil, nil)
 	if err != nil {
 		return nil, err
@@ -194,14 +220,14 @@ func (c *Client) Blob(ctx context.Context, hash string) ([]byte, error) {
 // Root walks the workspace and returns the canonical encoding of its
 // root tree node (package merkle); its SHA-256 is the root's hash.
 func (c *Client) Root(ctx context.Context) ([]byte, error) {
-	return c.do(ctx, http.MethodGet, "/workspace/node", nil, nil)
+	return c.do(ctx, http.MethodGet, RouteNode, nil, nil)
 }
 
 // Node returns the encoding of the tree node hash of one of the server's
 // recent walks (the last 8), checked against hash; a node no recent walk
 // produced is a file_not_found Error.
 func (c *Client) Node(ctx context.Context, hash string) ([]byte, error) {
-	p := "/workspace/node/" + url.PathEscape(hash)
+	p := RouteNode + "/" + url.PathEscape(hash)
 	data, err := c.do(ctx, http.MethodGet, p, nil, nil)
 	if err != nil {
 		return nil, err
@@ -218,7 +244,7 @@ func (c *Client) Touch(ctx context.Context, paths []string) (int, error) {
 	var r struct {
 		Touched int `json:"touched"`
 	}
-	err := c.doJSON(ctx, http.MethodPost, "/workspace/touch", nil, map[string][]string{"paths": paths}, &r)
+	err := c.doJSON(ctx, http.MethodPost, RouteTouch, nil, map[string][]string{"paths": paths}, &r)
 	return r.Touched, err
 }
 
@@ -228,7 +254,7 @@ func (c *Client) Freeze(ctx context.Context, frozen bool) error {
 	var r struct {
 		Frozen bool `json:"frozen"`
 	}
-	return c.doJSON(ctx, http.MethodPost, "/workspace/freeze", nil, map[string]bool{"frozen": frozen}, &r)
+	return c.doJSON(ctx, http.MethodPost, RouteFreeze, nil, map[string]bool{"frozen": frozen}, &r)
 }
 
 func (c *Client) doJSON(ctx context.Context, method, p string, q url.Values, in, out any) error {
@@ -318,17 +344,11 @@ func (c *Client) TreePage(ctx context.Context, after string, limit, bytes int) (
 		q.Set("bytes", strconv.Itoa(bytes))
 	}
 	var p TreePage
-	err := c.doJSON(ctx, http.MethodGet, "/workspace/treepage", q, nil, &p)
+	err := c.doJSON(ctx, http.MethodGet, RouteTreePage, q, nil, &p)
 	if p.Files == nil {
 		p.Files = []TreeFile{}
 	}
 	return p, err
-}
-
-// TreePage is one page of a tree listing.
-type TreePage struct {
-	Files []TreeFile `json:"files"`
-	More  bool       `json:"more"`
 }
 
 // Range is length bytes of a file from offset (fewer at its end) with
@@ -347,12 +367,12 @@ const CodeFileChanged = "file_changed"
 func (c *Client) ReadRange(ctx context.Context, path string, offset int64, length int) (Range, error) {
 	q := url.Values{"path": {path}, "offset": {strconv.FormatInt(offset, 10)}, "length": {strconv.Itoa(length)}}
 	var r Range
-	hdr, data, err := c.doRaw(ctx, http.MethodGet, "/workspace/range", q, nil)
+	hdr, data, err := c.doRaw(ctx, http.MethodGet, RouteRange, q, nil, "")
 	if err != nil {
 		return r, err
 	}
-	r.Data, r.Stamp = data, hdr.Get("Workspace-Stamp")
-	r.Size, err = strconv.ParseInt(hdr.Get("Workspace-Size"), 10, 64)
+	r.Data, r.Stamp = data, hdr.Get(HeaderStamp)
+	r.Size, err = strconv.ParseInt(hdr.Get(HeaderSize), 10, 64)
 	if err != nil || r.Stamp == "" {
 		return r, fmt.Errorf("workspace GET /workspace/range: answer without size or stamp")
 	}
@@ -363,7 +383,7 @@ func (c *Client) ReadRange(ctx context.Context, path string, offset int64, lengt
 // and returns the upload's size.
 func (c *Client) Stage(ctx context.Context, id, path string, offset int64, data []byte) (int64, error) {
 	q := url.Values{"upload": {id}, "path": {path}, "offset": {strconv.FormatInt(offset, 10)}}
-	_, body, err := c.doRaw(ctx, http.MethodPost, "/workspace/stage", q, data)
+	_, body, err := c.doRaw(ctx, http.MethodPost, RouteStage, q, data, "application/octet-stream")
 	if err != nil {
 		return 0, err
 	}
@@ -378,16 +398,19 @@ func (c *Client) Stage(ctx context.Context, id, path string, offset int64, data 
 
 // Discard drops upload id.
 func (c *Client) Discard(ctx context.Context, id string) error {
-	_, _, err := c.doRaw(ctx, http.MethodDelete, "/workspace/stage", url.Values{"upload": {id}}, nil)
+	_, _, err := c.doRaw(ctx, http.MethodDelete, RouteStage, url.Values{"upload": {id}}, nil, "")
 	return err
 }
 
 // doRaw sends one request with a raw body (nil: none) and returns the
 // headers and body of a 2xx answer, or an *Error.
-func (c *Client) doRaw(ctx context.Context, method, p string, q url.Values, in []byte) (http.Header, []byte, error) {
+func (c *Client) doRaw(ctx context.Context, method, p string, q url.Values, in []byte, contentType string) (http.Header, []byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	target := p + "?" + q.Encode()
+	target := p
+	if len(q) > 0 {
+		target += "?" + q.Encode()
+	}
 	var body io.Reader
 	if in != nil {
 		body = bytes.NewReader(in)
@@ -397,7 +420,7 @@ func (c *Client) doRaw(ctx context.Context, method, p string, q url.Values, in [
 		return nil, nil, fmt.Errorf("workspace %s %s: %w", method, p, err)
 	}
 	if in != nil {
-		req.Header.Set("Content-Type", "application/octet-stream")
+		req.Header.Set("Content-Type", contentType)
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {

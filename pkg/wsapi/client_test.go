@@ -1,4 +1,4 @@
-package wsclient
+package wsapi
 
 import (
 	"context"
@@ -83,10 +83,10 @@ func TestRequestShapes(t *testing.T) {
 		}
 	})
 	ctx := t.Context()
-	if tr, err := c.Tree(ctx); err != nil || len(tr.Files) != 1 || tr.Files[0] != (TreeFile{"a", "h"}) {
+	if tr, err := c.Tree(ctx); err != nil || len(tr.Files) != 1 || tr.Files[0] != (TreeFile{Path: "a", Hash: "h"}) {
 		t.Fatalf("Tree() = %+v, %v", tr, err)
 	}
-	if r, err := c.Apply(ctx, ChangeSet{Write: []WriteOp{{Path: "a", Content: "x"}}, Delete: []string{"b"}}); err != nil || r != (ApplyResult{1, 1}) {
+	if r, err := c.Apply(ctx, ChangeSet{Write: []WriteOp{{Path: "a", Content: "x"}}, Delete: []string{"b"}}); err != nil || r != (ApplyResult{Written: 1, Deleted: 1}) {
 		t.Fatalf("Apply() = %+v, %v", r, err)
 	}
 	if n, err := c.Touch(ctx, []string{"a", "b"}); err != nil || n != 2 {
