@@ -116,6 +116,10 @@ func (o *owned) changeApps(change session.AppsChange) {
 			removed = append(removed, name)
 		}
 		r.Apps = next
+		// The frozen workspace goes with the workload: writes are refused
+		// (not_running) until the new one is seeded and records its own
+		// address, never taken by a workspace the seed is still replacing.
+		r.Workspace = ""
 		if change.DropAgent {
 			r.Launch.AgentSpec, r.Agent = nil, ""
 		}

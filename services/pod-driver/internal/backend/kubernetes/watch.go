@@ -82,7 +82,6 @@ func (b *Backend) startWatch(ctx context.Context, spec backend.Spec, sink backen
 	if err := b.awaitWorkspace(ctx, wsc); err != nil {
 		return nil, fail("workspace container did not become ready: " + err.Error())
 	}
-	sink.WorkspaceReady(wsc.Base)
 	sink.Progress(contract.PhaseBoot, "Starting workspace", true, "")
 	apps, err := podspec.WatchApps(spec)
 	if err != nil {
@@ -99,6 +98,10 @@ func (b *Backend) startWatch(ctx context.Context, spec backend.Spec, sink backen
 	b.log.Info("workspace seeded", "session", spec.SessionID, "files", st.Files, "written", st.Written, "staged", st.Staged, "unchanged", st.Unchanged,
 		"fetched", st.Fetched, "fetchedBytes", st.FetchedBytes, "fromWorkspace", st.FromWorkspace,
 		"bytes", st.Bytes, "changeSets", st.ChangeSets, "fetch", st.Fetch, "post", st.Post, "took", st.Took)
+	// Only a seeded workspace is offered to the editor's writes: one
+	// acknowledged while the seed ran could be deleted by it (the seed
+	// removes what the checkpoint lacks).
+	sink.WorkspaceReady(wsc.Base)
 
 	w, err := b.newWatchWorkload(spec, running, sink)
 	if err != nil {

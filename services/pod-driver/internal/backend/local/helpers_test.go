@@ -109,6 +109,7 @@ type recorder struct {
 	endedAt   []time.Time
 	progress  []progressEvent
 	workspace []string // WorkspaceReady URLs
+	onReady   func()   // called by WorkspaceReady first, when set
 }
 
 type progressEvent struct {
@@ -152,6 +153,9 @@ func (r *recorder) Progress(phase, message string, done bool, app string) {
 	r.record(func() { r.progress = append(r.progress, progressEvent{phase, message, done, app}) })
 }
 func (r *recorder) WorkspaceReady(url string) {
+	if r.onReady != nil {
+		r.onReady()
+	}
 	r.record(func() { r.workspace = append(r.workspace, url) })
 }
 func (r *recorder) Running(eps []contract.Endpoint, _ *contract.Endpoint) {

@@ -134,7 +134,6 @@ func (b *Backend) startWatch(ctx context.Context, spec backend.Spec, sink backen
 	if err := w.awaitWorkspace(ctx); err != nil {
 		return nil, err
 	}
-	sink.WorkspaceReady(w.wsc.Base)
 	sink.Progress(contract.PhaseBoot, "Starting workspace", true, "")
 	if !spec.KeepWorkspace {
 		st, err := w.wsc.Seed(ctx, plan.seed, kernelwire.SeedOptions{Last: entries(plan.apps)})
@@ -143,6 +142,10 @@ func (b *Backend) startWatch(ctx context.Context, spec backend.Spec, sink backen
 		}
 		logSeed(w.log, st)
 	}
+	// Only a seeded workspace is offered to the editor's writes: one
+	// acknowledged while the seed ran could be deleted by it (the seed
+	// removes what the checkpoint lacks).
+	sink.WorkspaceReady(w.wsc.Base)
 
 	for i, app := range plan.apps {
 		a := w.newApp(i, app, spec.Env)

@@ -116,6 +116,26 @@ func TestWatchSessionComesUp(t *testing.T) {
 	}
 }
 
+// TestWatchOffersOnlyASeededWorkspace: the workspace's address reaches
+// the sink (and so the record, and the editor's writes) only once the seed
+// is complete, marker last: a write taken while the seed ran could be
+// deleted by it (an app-set change lost acknowledged writes this way).
+func TestWatchOffersOnlyASeededWorkspace(t *testing.T) {
+	b := newWatchBackend(t, nil)
+	spec := webWorker(freePort(t))
+	ws := filepath.Join(b.root, spec.SessionID, "workspace")
+	rec := newRecorder()
+	seeded := make(chan bool, 1)
+	rec.onReady = func() {
+		_, err := os.Stat(filepath.Join(ws, "telo-workspace.yaml"))
+		seeded <- err == nil
+	}
+	startWatch(t, b, spec, rec)
+	if !<-seeded {
+		t.Fatal("WorkspaceReady came before the seed wrote the workspace marker")
+	}
+}
+
 func TestWatchKeepsTheBundlesMarker(t *testing.T) {
 	b := newWatchBackend(t, nil)
 	spec := webWorker(0)
