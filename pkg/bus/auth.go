@@ -77,7 +77,7 @@ func Permissions(role string) (Permission, error) {
 		g.sub(SubjectEventsPrefix + "*") // the fan-out hub and io's terminal watch
 		g.log(StreamEvents, SubjectEventsPrefix+"*")
 		g.log(StreamIO, "") // read, and purge on eviction
-		g.kv(BucketSessions, BucketPresence, BucketAdmission, BucketCheckpoints, BucketOwners)
+		g.kv(BucketSessions, BucketPresence, BucketAdmission, BucketCheckpoints, BucketOwners, BucketBundles)
 		g.obj(ObjectBundles)
 	case RoleDriver:
 		g.workQueue(StreamCmd, ConsumerDrivers)
@@ -86,7 +86,7 @@ func Permissions(role string) (Permission, error) {
 		g.pub(SubjectWSPrefix + "*.*") // final checkpoints
 		g.log(StreamEvents, SubjectEventsPrefix+"*")
 		g.log(StreamIO, SubjectIOPrefix+"*.*")
-		g.kv(BucketSessions, BucketOwners, BucketPresence, BucketAdmission, BucketCheckpoints, BucketBuilds)
+		g.kv(BucketSessions, BucketOwners, BucketPresence, BucketAdmission, BucketCheckpoints, BucketBuilds, BucketBundles)
 		g.obj(ObjectBundles, ObjectBlobs)
 	case RoleSupervisor:
 		g.pub(SubjectCmdAdopt, SubjectCtlPrefix+"*.*", SubjectWSPrefix+"*.*")
@@ -95,7 +95,7 @@ func Permissions(role string) (Permission, error) {
 		g.pub(api("STREAM.INFO", StreamCmd), api("DIRECT.GET", StreamCmd)+"."+SubjectCmdStartPrefix+"*")
 		g.log(StreamEvents, SubjectEventsPrefix+"*")
 		g.log(StreamIO, "") // purge on eviction
-		g.kv(BucketSessions, BucketOwners, BucketPresence, BucketAdmission, BucketCheckpoints)
+		g.kv(BucketSessions, BucketOwners, BucketPresence, BucketAdmission, BucketCheckpoints, BucketBundles)
 		g.obj(ObjectBundles, ObjectBlobs)
 	case RoleProxy:
 		g.micro(ServiceWS, WSSubjects)
@@ -104,6 +104,7 @@ func Permissions(role string) (Permission, error) {
 		for _, b := range []string{BucketSessions, BucketOwners, BucketPresence, BucketAdmission} {
 			g.read("KV_" + b)
 		}
+		g.read("KV_" + BucketBundles)
 		g.read("OBJ_" + ObjectBundles)
 	case RoleSubscriber:
 		// Events and terminal bytes (docs/asyncapi.yaml), live and replay.

@@ -28,6 +28,7 @@ const (
 	BucketAdmission   = "runner_admission"   // ledger -> admission counts; reclaim.<class>.<sessionId> -> reclaim index
 	BucketCheckpoints = "runner_checkpoints" // <sessionId> -> checkpoint manifest
 	BucketBuilds      = "runner_builds"      // <BuildKey(ref)> -> driver id building ref (TTL)
+	BucketBundles     = "runner_bundles_kv"  // <sessionId> -> a bundle of at most BundleKVMax bytes (larger: ObjectBundles)
 )
 
 // BuildLockTTL is how long a run-image build lock (BucketBuilds) lives
@@ -42,9 +43,14 @@ func BuildKey(ref string) string {
 	return "ref-" + hex.EncodeToString(sum[:16])
 }
 
+// BundleKVMax is the largest encoded bundle stored in BucketBundles (one
+// publish); a larger one goes to ObjectBundles in chunks. Well under the
+// server's default max_payload (1 MiB).
+const BundleKVMax = 256 << 10
+
 // Object stores.
 const (
-	ObjectBundles = "runner_bundles" // <sessionId>
+	ObjectBundles = "runner_bundles" // <sessionId>: bundles larger than BundleKVMax, and every bundle stored before BucketBundles
 	ObjectBlobs   = "runner_blobs"   // sha256/<hex>
 )
 

@@ -105,6 +105,7 @@ func BucketConfigs(l Limits) []jetstream.KeyValueConfig {
 		{Bucket: BucketAdmission, History: 1, Storage: jetstream.FileStorage, Replicas: l.Replicas},
 		{Bucket: BucketCheckpoints, History: 1, Storage: jetstream.FileStorage, Replicas: l.Replicas},
 		{Bucket: BucketBuilds, History: 1, TTL: BuildLockTTL, Storage: jetstream.FileStorage, Replicas: l.Replicas},
+		{Bucket: BucketBundles, History: 1, Storage: jetstream.FileStorage, Replicas: l.Replicas},
 	}
 }
 

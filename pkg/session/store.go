@@ -29,7 +29,8 @@ type Store struct {
 	presence    jetstream.KeyValue
 	admission   jetstream.KeyValue
 	checkpoints jetstream.KeyValue
-	bundles     jetstream.ObjectStore
+	bundlesKV   jetstream.KeyValue    // bundles of at most bus.BundleKVMax bytes
+	bundles     jetstream.ObjectStore // larger bundles, and those stored before bundlesKV
 	events      *bus.Log
 	ioLog       *bus.Log
 	now         func() time.Time
@@ -62,6 +63,7 @@ func Open(ctx context.Context, js jetstream.JetStream, replayBytes int64) (*Stor
 	}{
 		{bus.BucketSessions, &s.sessions}, {bus.BucketOwners, &s.owners}, {bus.BucketPresence, &s.presence},
 		{bus.BucketAdmission, &s.admission}, {bus.BucketCheckpoints, &s.checkpoints},
+		{bus.BucketBundles, &s.bundlesKV},
 	} {
 		if *b.kv, err = js.KeyValue(ctx, b.name); err != nil {
 			return nil, fmt.Errorf("open bucket %s: %w", b.name, err)
@@ -306,12 +308,31 @@ func (s *Store) Release(id string) {
 	s.ioLog.ForgetAll(bus.IOSubjects(id))
 }
 
-// PutBundle stores a session's bundle.
+// PutBundle stores (or replaces) a session's bundle: one key-value put
+// when it is at most bus.BundleKVMax bytes encoded, the object store
+// otherwise.
 func (s *Store) PutBundle(ctx context.Context, id string, b contract.Bundle) error {
 	data, err := json.Marshal(b)
 	if err != nil {
 		return fmt.Errorf("encode bundle: %w", err)
 	}
+	if len(data) <= bus.BundleKVMax {
+		if _, err := s.bundlesKV.Put(ctx, id, data); err != nil {
+			return fmt.Errorf("put bundle %s: %w", id, err)
+		}
+		return nil
+	}
+	if err := s.putBundleObject(ctx, id, data); err != nil {
+		return err
+	}
+	// A smaller bundle stored before would be read first.
+	if err := s.bundlesKV.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("put bundle %s: drop the smaller one: %w", id, err)
+	}
+	return nil
+}
+
+func (s *Store) putBundleObject(ctx context.Context, id string, data []byte) error {
 	ctx, cancel := bus.ObjectContext(ctx)
 	defer cancel()
 	if _, err := s.bundles.PutBytes(ctx, id, data); err != nil {
@@ -320,19 +341,100 @@ func (s *Store) PutBundle(ctx context.Context, id string, b contract.Bundle) err
 	return nil
 }
 
-// GetBundle reads a session's bundle.
+// CreateWithBundle stores a new record (the id must be free, as in Create)
+// and its bundle. A bundle of at most bus.BundleKVMax bytes is written
+// create-only at the same time as the record, so both take one round
+// trip; a larger one goes to the object store after the record.
+//
+// The record's create is what proves the id ours, so the bundle is
+// settled by its outcome:
+//   - the record exists already (an id collision, ErrKeyExists): a bundle
+//     this call wrote is withdrawn, by revision, so a bundle someone else
+//     wrote meanwhile stays;
+//   - the record is new but a bundle was there: it is stale (a creation
+//     that lost this id, or died after its bundle and before its record)
+//     and is replaced.
+//
+// A creation that dies between the two writes leaves a record without a
+// bundle (its start fails), never another session's bundle overwritten.
+func (s *Store) CreateWithBundle(ctx context.Context, r Record, b contract.Bundle) error {
+	data, err := json.Marshal(b)
+	if err != nil {
+		return fmt.Errorf("encode bundle: %w", err)
+	}
+	if len(data) > bus.BundleKVMax {
+		if err := s.Create(ctx, r); err != nil {
+			return err
+		}
+		return s.putBundleObject(ctx, r.ID, data)
+	}
+	var (
+		rev  uint64
+		berr error
+		done = make(chan struct{})
+	)
+	go func() {
+		defer close(done)
+		rev, berr = s.bundlesKV.Create(ctx, r.ID, data)
+	}()
+	err = s.Create(ctx, r)
+	<-done
+	switch {
+	case err != nil && berr == nil:
+		if derr := s.bundlesKV.Delete(ctx, r.ID, jetstream.LastRevision(rev)); derr != nil && !wrongLastSequence(derr) {
+			return errors.Join(err, fmt.Errorf("withdraw bundle %s: %w", r.ID, derr))
+		}
+		return err
+	case err != nil:
+		return err
+	case errors.Is(berr, jetstream.ErrKeyExists):
+		if _, err := s.bundlesKV.Put(ctx, r.ID, data); err != nil {
+			return fmt.Errorf("put bundle %s: %w", r.ID, err)
+		}
+		return nil
+	case berr != nil:
+		return fmt.Errorf("put bundle %s: %w", r.ID, berr)
+	}
+	return nil
+}
+
+// wrongLastSequence reports a write refused because the subject's last
+// revision moved on (a conditional delete that lost a race).
+func wrongLastSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.Is(err, jetstream.ErrKeyExists) ||
+		(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence)
+}
+
+// GetBundle reads a session's bundle: from the key-value bucket, else the
+// object store (large bundles, and bundles stored before the bucket).
 func (s *Store) GetBundle(ctx context.Context, id string) (contract.Bundle, error) {
 	var b contract.Bundle
-	ctx, cancel := bus.ObjectContext(ctx)
-	defer cancel()
-	data, err := s.bundles.GetBytes(ctx, id)
+	data, err := s.getBundleBytes(ctx, id)
 	if err != nil {
-		return b, fmt.Errorf("get bundle %s: %w", id, err)
+		return b, err
 	}
 	if err := json.Unmarshal(data, &b); err != nil {
 		return b, fmt.Errorf("decode bundle %s: %w", id, err)
 	}
 	return b, nil
+}
+
+func (s *Store) getBundleBytes(ctx context.Context, id string) ([]byte, error) {
+	e, err := s.bundlesKV.Get(ctx, id)
+	if err == nil {
+		return e.Value(), nil
+	}
+	if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, fmt.Errorf("get bundle %s: %w", id, err)
+	}
+	ctx, cancel := bus.ObjectContext(ctx)
+	defer cancel()
+	data, err := s.bundles.GetBytes(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("get bundle %s: %w", id, err)
+	}
+	return data, nil
 }
 
 // Evict removes every trace of a session: event and io subjects, bundle,
@@ -397,6 +499,9 @@ func (s *Store) purge(ctx context.Context, id string) error {
 		errs = append(errs, err)
 	}
 	if err := s.bundles.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+		errs = append(errs, err)
+	}
+	if err := s.bundlesKV.Purge(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		errs = append(errs, err)
 	}
 	if err := bus.PurgeFamily(ctx, s.checkpoints, id); err != nil { // with its history slots

@@ -298,6 +298,10 @@ func TestSuspendedTTLEvictsEverything(t *testing.T) {
 	if _, err := bundles.GetInfo(ctx, c.SessionID); err == nil {
 		t.Error("bundle still stored")
 	}
+	bundlesKV, _ := js.KeyValue(ctx, bus.BucketBundles)
+	if _, err := bundlesKV.Get(ctx, c.SessionID); err == nil {
+		t.Error("bundle still stored in " + bus.BucketBundles)
+	}
 	cps, _ := js.KeyValue(ctx, bus.BucketCheckpoints)
 	if _, err := cps.Get(ctx, c.SessionID); err == nil {
 		t.Error("checkpoint manifest still stored")

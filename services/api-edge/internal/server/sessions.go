@@ -197,15 +197,8 @@ func (s *Server) admitAndStart(c *gin.Context, mode string, apps []session.App, 
 	if launch.AgentSpec != nil {
 		rec.Agent = launch.AgentSpec.Name
 	}
-	id, err := s.admitAndCreate(ctx, rec, lim)
+	id, err := s.admitAndCreate(ctx, rec, bundle, lim)
 	if err != nil {
-		s.fail(c, err)
-		return
-	}
-	// The bundle follows the record: a creation that dies between the two
-	// leaves a session whose start fails (no bundle), never another
-	// session's bundle overwritten.
-	if err := s.store.PutBundle(ctx, id, bundle); err != nil {
 		s.fail(c, err)
 		return
 	}
@@ -249,10 +242,12 @@ func (s *Server) publishStart(ctx context.Context, id string, requested time.Tim
 }
 
 // admitAndCreate draws a session id (5.1), reserves its admission slot and
-// writes its record. The record's create is what proves the id unused: a
-// drawn id that a record already holds gives its slot back and another id
-// is drawn (a 60-bit id almost never collides, so no read comes first).
-func (s *Server) admitAndCreate(ctx context.Context, rec session.Record, lim session.Limits) (string, error) {
+// writes its record and bundle (at the same time: Store.CreateWithBundle).
+// The record's create is what proves the id unused: a drawn id that a
+// record already holds gives its slot back (and withdraws its bundle) and
+// another id is drawn (a 60-bit id almost never collides, so no read comes
+// first).
+func (s *Server) admitAndCreate(ctx context.Context, rec session.Record, bundle contract.Bundle, lim session.Limits) (string, error) {
 	for range 8 {
 		rec.ID = s.newID()
 		// Admission reserves the slot first; a slot whose record never
@@ -260,7 +255,7 @@ func (s *Server) admitAndCreate(ctx context.Context, rec session.Record, lim ses
 		if err := s.store.Admit(ctx, rec.ID, rec.Mode, lim); err != nil {
 			return "", err
 		}
-		err := s.store.Create(ctx, rec)
+		err := s.store.CreateWithBundle(ctx, rec, bundle)
 		if err == nil {
 			return rec.ID, nil
 		}

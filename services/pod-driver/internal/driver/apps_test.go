@@ -225,8 +225,9 @@ func TestAppsChangeFailure(t *testing.T) {
 		e.command(t, bus.CmdStartSubject(id), id)
 		e.waitStatus(t, id, contract.StatusRunning)
 		testkit.Eventually(t, 30*time.Second, e.owner(t, id).live, "workload live")
-		// The new workload cannot be built: its bundle is gone.
-		bundles, err := e.js.ObjectStore(context.Background(), bus.ObjectBundles)
+		// The new workload cannot be built: its bundle (small: a key in
+		// the bundles bucket) is gone.
+		bundles, err := e.js.KeyValue(context.Background(), bus.BucketBundles)
 		if err != nil {
 			t.Fatal(err)
 		}
