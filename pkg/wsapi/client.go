@@ -206,7 +206,11 @@ func (c *Client) Snapshot(ctx context.Context) ([]SnapshotFile, error) {
 // Blob returns the bytes of a workspace file whose SHA-256 is hash and
 // checks them against it.
 func (c *Client) Blob(ctx context.Context, hash string) ([]byte, error) {
-	p := RouteBlob + url.PathEscape(hash)
+	return c.getHashed(ctx, RouteBlob+url.PathEscape(hash), hash)
+}
+
+// getHashed GETs p, whose body must have the SHA-256 hash.
+func (c *Client) getHashed(ctx context.Context, p, hash string) ([]byte, error) {
 	data, err := c.do(ctx, http.MethodGet, p, nil, nil)
 	if err != nil {
 		return nil, err
@@ -227,15 +231,7 @@ func (c *Client) Root(ctx context.Context) ([]byte, error) {
 // recent walks (the last 8), checked against hash; a node no recent walk
 // produced is a file_not_found Error.
 func (c *Client) Node(ctx context.Context, hash string) ([]byte, error) {
-	p := RouteNode + "/" + url.PathEscape(hash)
-	data, err := c.do(ctx, http.MethodGet, p, nil, nil)
-	if err != nil {
-		return nil, err
-	}
-	if sum := sha256.Sum256(data); !strings.EqualFold(hex.EncodeToString(sum[:]), hash) {
-		return nil, fmt.Errorf("workspace GET %s: content does not match its hash", p)
-	}
-	return data, nil
+	return c.getHashed(ctx, RouteNode+"/"+url.PathEscape(hash), hash)
 }
 
 // Touch rewrites each file with its own bytes so file watchers fire, and
