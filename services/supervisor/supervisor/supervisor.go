@@ -51,10 +51,11 @@ func (c Config) withDefaults() Config {
 			*d = v
 		}
 	}
-	def(&c.ExitTTL, 4*time.Hour)
-	def(&c.Idle, 300*time.Second)
-	def(&c.CheckpointEvery, 30*time.Second)
-	def(&c.SuspendedTTL, 24*time.Hour)
+	life := session.DefaultLifetimes()
+	def(&c.ExitTTL, life.ExitTTL)
+	def(&c.Idle, life.Idle)
+	def(&c.CheckpointEvery, life.Checkpoint)
+	def(&c.SuspendedTTL, life.SuspendedTTL)
 	def(&c.Tick, 5*time.Second)
 	def(&c.AdoptAfter, 30*time.Second)
 	def(&c.GCEvery, 10*time.Minute)

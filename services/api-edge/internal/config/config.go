@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/telorunner/telorunner/pkg/envconf"
+	"github.com/telorunner/telorunner/pkg/session"
 )
 
 // Version is the runner version this build reports.
@@ -71,23 +72,24 @@ type Watch struct {
 
 // Default returns the configuration used when no variable is set.
 func Default() Config {
+	life := session.DefaultLifetimes()
 	return Config{
 		Port:               DefaultPort,
 		ListenHost:         "0.0.0.0",
 		LogLevel:           slog.LevelInfo,
 		MaxSessions:        32,
-		ExitTTL:            4 * time.Hour,
+		ExitTTL:            life.ExitTTL,
 		ReplayBufferBytes:  5_000_000,
 		BodyLimitBytes:     DefaultBodyLimitBytes,
 		WorkspaceBodyBytes: DefaultWorkspaceBodyBytes,
 		CORS:               CORS{AnyOrigin: true},
 		Watch: Watch{
-			Idle:                 300 * time.Second,
+			Idle:                 life.Idle,
 			MaxTTL:               6 * time.Hour,
 			MaxSessions:          8,
 			ReloadLimitPerMinute: 30,
-			SuspendedTTL:         24 * time.Hour,
-			Checkpoint:           30 * time.Second,
+			SuspendedTTL:         life.SuspendedTTL,
+			Checkpoint:           life.Checkpoint,
 		},
 		DisplayName: DefaultDisplayName,
 		Description: DefaultDescription,
@@ -120,7 +122,7 @@ func LoadOver(base Config, lookupEnv func(string) (string, bool)) (Config, error
 	}
 	p.logLevel("LOG_LEVEL", &c.LogLevel)
 	p.positiveInt("RUNNER_MAX_SESSIONS", &c.MaxSessions)
-	p.duration("RUNNER_EXIT_TTL_MS", time.Millisecond, &c.ExitTTL)
+	session.ReadLifetimes(p.Env, &c.ExitTTL, &c.Watch.Idle, &c.Watch.SuspendedTTL, &c.Watch.Checkpoint)
 	p.positiveInt64("RUNNER_REPLAY_BUFFER_BYTES", &c.ReplayBufferBytes)
 	p.positiveInt64("RUNNER_BODY_LIMIT_BYTES", &c.BodyLimitBytes)
 	p.positiveInt64("RUNNER_WORKSPACE_MAX_BODY_BYTES", &c.WorkspaceBodyBytes)
@@ -148,12 +150,9 @@ func LoadOver(base Config, lookupEnv func(string) (string, bool)) (Config, error
 	}
 	p.url("TELO_REGISTRY_URL", &c.RegistryURL)
 	p.boolean("RUNNER_WATCH_SESSIONS", &c.Watch.Enabled)
-	p.duration("RUNNER_WATCH_IDLE_SECONDS", time.Second, &c.Watch.Idle)
 	p.duration("RUNNER_WATCH_MAX_TTL_SECONDS", time.Second, &c.Watch.MaxTTL)
 	p.positiveInt("RUNNER_WATCH_MAX_SESSIONS", &c.Watch.MaxSessions)
 	p.positiveInt("RUNNER_WATCH_RELOAD_LIMIT", &c.Watch.ReloadLimitPerMinute)
-	p.duration("RUNNER_WATCH_SUSPENDED_TTL_SECONDS", time.Second, &c.Watch.SuspendedTTL)
-	p.duration("RUNNER_WORKSPACE_CHECKPOINT_SECONDS", time.Second, &c.Watch.Checkpoint)
 	p.text("RUNNER_DISPLAY_NAME", &c.DisplayName)
 	p.text("RUNNER_DESCRIPTION", &c.Description)
 	p.text("RUNNER_IMAGE", &c.Image)
