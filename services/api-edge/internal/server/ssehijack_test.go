@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/telorunner/telorunner/pkg/bus"
+	"github.com/telorunner/telorunner/pkg/testkit"
 )
 
 // sseCounts reports the hub's followers of subject, how many of them are
@@ -45,12 +46,8 @@ func sseCounts(s *Server, subject string) (followers, direct, all int) {
 // says.
 func waitFor(t *testing.T, what func() string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up after a minute: %s", what())
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !testkit.Poll(context.Background(), time.Minute, cond) {
+		t.Fatalf("gave up after a minute: %s", what())
 	}
 }
 
@@ -317,11 +314,11 @@ func TestSSEDisconnectFreesResources(t *testing.T) {
 	if got := e.srv.presence.Snapshot()[id]; got != k {
 		t.Fatalf("presence = %d with %d clients", got, k)
 	}
-	// A goroutine per client would add at least k.
-	time.Sleep(100 * time.Millisecond)
-	if g := runtime.NumGoroutine(); g > base+20 {
-		t.Fatalf("%d goroutines with %d idle clients, %d before: a goroutine per client", g, k, base)
-	}
+	// A goroutine per client would add at least k, for as long as the
+	// clients stay connected; the handshakes' own goroutines wind down.
+	waitFor(t, func() string {
+		return fmt.Sprintf("%d goroutines with %d idle clients, %d before: a goroutine per client", runtime.NumGoroutine(), k, base)
+	}, func() bool { return runtime.NumGoroutine() <= base+20 })
 	for _, c := range conns {
 		_ = c.Close()
 	}

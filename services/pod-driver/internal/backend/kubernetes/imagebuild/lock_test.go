@@ -45,7 +45,11 @@ func TestLocksSingleFlightAcrossDrivers(t *testing.T) {
 					break
 				}
 			}
-			time.Sleep(300 * time.Millisecond)
+			// Hold until the other driver has either found the lock
+			// taken (it waits) or taken it too (the check below fails).
+			if !testkit.Poll(ctx, 30*time.Second, func() bool { return waits.Load() > 0 || holders.Load() > 1 }) {
+				t.Error("the other driver neither waited nor held the lock within 30 s")
+			}
 			holders.Add(-1)
 			release()
 			release() // idempotent
@@ -99,8 +103,13 @@ func TestLocksExpireAndRenew(t *testing.T) {
 	if d := time.Since(start); d < bus.BuildLockTTL-2*time.Second {
 		t.Fatalf("took a live key after %v (TTL %v)", d, bus.BuildLockTTL)
 	}
-	// Held past one TTL by renewal: a second caller still waits.
-	time.Sleep(bus.BuildLockTTL + 2*time.Second)
+	// Held past one TTL by renewal: the key is rewritten after the moment
+	// its first write would have expired, and a second caller still waits.
+	acquired := time.Now()
+	testkit.Eventually(t, 2*bus.BuildLockTTL, func() bool {
+		e, err := l.KV.Get(ctx, bus.BuildKey(ref))
+		return err == nil && e.Created().After(acquired.Add(bus.BuildLockTTL))
+	}, "the held lock was not renewed past its first TTL")
 	ctx2, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	if _, err := l.Acquire(ctx2, ref, nil); err == nil {
