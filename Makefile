@@ -36,7 +36,7 @@ build: ## build every binary into ./bin
 	@mkdir -p $(BIN)
 	cd services/telorunner && $(GO) build -o $(BIN)/telorunner ./cmd/telorunner && $(GO) build -o $(BIN)/iotail ./cmd/iotail && $(GO) build -o $(BIN)/telorunner-events ./cmd/telorunner-events
 	cd services/api-edge && $(GO) build -o $(BIN)/api-edge ./cmd/api-edge
-	cd services/pod-driver && $(GO) build -o $(BIN)/pod-driver ./cmd/pod-driver && CGO_ENABLED=0 $(GO) build -o $(BIN)/telo-layer ./cmd/telo-layer
+	cd services/pod-driver && $(GO) build -o $(BIN)/pod-driver ./cmd/pod-driver && CGO_ENABLED=0 $(GO) build -o $(BIN)/telo-layer ./cmd/telo-layer && CGO_ENABLED=0 $(GO) build -o $(BIN)/telorunner-sandbox ./cmd/telorunner-sandbox
 	cd tools/devkernel && $(GO) build -o $(BIN)/devkernel ./cmd/devkernel
 	cd services/supervisor && $(GO) build -o $(BIN)/supervisor ./cmd/supervisor
 	cd services/workspace-proxy && $(GO) build -o $(BIN)/workspace-proxy ./cmd/workspace-proxy && $(GO) build -o $(BIN)/workspace-server ./cmd/workspace-server

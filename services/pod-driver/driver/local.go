@@ -22,6 +22,9 @@ type LocalConfig struct {
 	// MaxProcs and MaxFiles are RUNNER_SANDBOX_MAX_PROCS (256) and
 	// RUNNER_SANDBOX_MAX_FILES (4096), per workload process.
 	MaxProcs, MaxFiles int
+	// Nice is RUNNER_SANDBOX_NICE (10): the niceness of workload processes,
+	// so the runner's own work comes first when workloads fill the CPUs.
+	Nice int
 	// Run, App and Watch are the ceilings of RUNNER_MAX_MEMORY /
 	// _TTL_SECONDS / _EPHEMERAL_STORAGE, RUNNER_APP_MAX_* and
 	// RUNNER_WATCH_MAX_TTL_SECONDS (contract 11.2, 18).
@@ -31,7 +34,7 @@ type LocalConfig struct {
 }
 
 func loadLocalConfig(get func(string) string) (LocalConfig, error) {
-	c := LocalConfig{Run: local.DefaultRunCeilings, App: local.DefaultAppCeilings, Watch: local.DefaultWatchCeilings}
+	c := LocalConfig{Run: local.DefaultRunCeilings, App: local.DefaultAppCeilings, Watch: local.DefaultWatchCeilings, Nice: local.DefaultSandboxNice}
 	switch v := strings.ToLower(get("RUNNER_LOCAL_SANDBOX")); v {
 	case "", "on", "true", "1":
 	case "off", "false", "0":
@@ -44,6 +47,7 @@ func loadLocalConfig(get func(string) string) (LocalConfig, error) {
 	e.Int("RUNNER_SANDBOX_GID", 1, 1<<31-2, &c.SandboxGID)
 	e.Int("RUNNER_SANDBOX_MAX_PROCS", 1, 1<<31-2, &c.MaxProcs)
 	e.Int("RUNNER_SANDBOX_MAX_FILES", 16, 1<<31-2, &c.MaxFiles)
+	e.Int("RUNNER_SANDBOX_NICE", 0, 19, &c.Nice)
 	if err := e.Err(); err != nil {
 		return c, err
 	}
@@ -109,7 +113,7 @@ func parseBytes(s string) (int64, error) {
 
 // localOptions are the sandbox and ceiling options of the local backend.
 func (c LocalConfig) apply(o *local.Options) {
-	o.Sandbox = local.SandboxOptions{Off: c.SandboxOff, UID: c.SandboxUID, GID: c.SandboxGID, MaxProcs: c.MaxProcs, MaxFiles: c.MaxFiles}
+	o.Sandbox = local.SandboxOptions{Off: c.SandboxOff, UID: c.SandboxUID, GID: c.SandboxGID, MaxProcs: c.MaxProcs, MaxFiles: c.MaxFiles, Nice: c.Nice}
 	if c.DataDir != "" {
 		o.Sandbox.Hide = []string{c.DataDir}
 	}

@@ -16,20 +16,20 @@ func TestLocalConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Local.SandboxOff || c.Local.Run != local.DefaultRunCeilings || c.Local.App != local.DefaultAppCeilings ||
+	if c.Local.SandboxOff || c.Local.Nice != local.DefaultSandboxNice || c.Local.Run != local.DefaultRunCeilings || c.Local.App != local.DefaultAppCeilings ||
 		c.Local.Watch != local.DefaultWatchCeilings || c.Local.DataDir != "/srv/telo" {
 		t.Errorf("defaults = %+v", c.Local)
 	}
 	c, err = LoadConfig(lookup(map[string]string{
 		"RUNNER_LOCAL_SANDBOX": "off", "RUNNER_SANDBOX_UID": "4000", "RUNNER_SANDBOX_GID": "4001",
-		"RUNNER_SANDBOX_MAX_PROCS": "64", "RUNNER_SANDBOX_MAX_FILES": "512",
+		"RUNNER_SANDBOX_MAX_PROCS": "64", "RUNNER_SANDBOX_MAX_FILES": "512", "RUNNER_SANDBOX_NICE": "0",
 		"RUNNER_MAX_MEMORY": "64Mi", "RUNNER_MAX_TTL_SECONDS": "60", "RUNNER_MAX_EPHEMERAL_STORAGE": "1G",
 		"RUNNER_APP_MAX_MEMORY": "1Gi", "RUNNER_WATCH_MAX_TTL_SECONDS": "120",
 	}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := LocalConfig{SandboxOff: true, SandboxUID: 4000, SandboxGID: 4001, MaxProcs: 64, MaxFiles: 512,
+	want := LocalConfig{SandboxOff: true, SandboxUID: 4000, SandboxGID: 4001, MaxProcs: 64, MaxFiles: 512, Nice: 0,
 		Run:     local.Ceilings{TTL: time.Minute, MemoryBytes: 64 << 20, TmpBytes: 1e9},
 		App:     local.Ceilings{TTL: local.DefaultAppCeilings.TTL, MemoryBytes: 1 << 30, TmpBytes: local.DefaultAppCeilings.TmpBytes},
 		Watch:   local.Ceilings{TTL: 2 * time.Minute, MemoryBytes: 1 << 30, TmpBytes: local.DefaultAppCeilings.TmpBytes},
@@ -41,6 +41,7 @@ func TestLocalConfig(t *testing.T) {
 	for _, tc := range []struct{ name, v, want string }{
 		{"RUNNER_LOCAL_SANDBOX", "maybe", "RUNNER_LOCAL_SANDBOX"},
 		{"RUNNER_SANDBOX_UID", "0", "RUNNER_SANDBOX_UID"},
+		{"RUNNER_SANDBOX_NICE", "20", "RUNNER_SANDBOX_NICE"},
 		{"RUNNER_MAX_MEMORY", "lots", "RUNNER_MAX_MEMORY"},
 		{"RUNNER_MAX_MEMORY", "-1Mi", "RUNNER_MAX_MEMORY"},
 		{"RUNNER_WATCH_MAX_TTL_SECONDS", "0", "RUNNER_WATCH_MAX_TTL_SECONDS"},

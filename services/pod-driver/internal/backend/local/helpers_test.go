@@ -29,6 +29,11 @@ const waitTimeout = 60 * time.Second // a bound for a loaded 2-core machine: CI 
 // devkernelPath is the devkernel binary built by TestMain.
 var devkernelPath string
 
+// sandboxInitPath is the telorunner-sandbox program built by TestMain:
+// every backend of these tests runs its sandboxes through it, as make
+// build's install does (TestSandboxSelfInit covers the fallback).
+var sandboxInitPath string
+
 // hostilePath is the hostile test kernel (testdata/hostile) built by
 // TestMain.
 var hostilePath string
@@ -47,6 +52,7 @@ func TestMain(m *testing.M) {
 		devkernelPath = filepath.Join(dir, "devkernel")
 		hostilePath = filepath.Join(dir, "hostile")
 		workspaceServerPath = filepath.Join(dir, "workspace-server")
+		sandboxInitPath = filepath.Join(dir, "telorunner-sandbox")
 		os.Exit(m.Run())
 	}
 	dir, err := os.MkdirTemp("", "local-backend-test-")
@@ -60,6 +66,15 @@ func TestMain(m *testing.M) {
 	build.Env = append(os.Environ(), "GOWORK=off")
 	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build devkernel: %v\n%s", err, out)
+		_ = os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	sandboxInitPath = filepath.Join(dir, "telorunner-sandbox")
+	build = exec.Command("go", "build", "-o", sandboxInitPath, "./cmd/telorunner-sandbox")
+	build.Dir = filepath.Join("..", "..", "..")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build telorunner-sandbox: %v\n%s", err, out)
 		_ = os.RemoveAll(dir)
 		os.Exit(1)
 	}
@@ -283,6 +298,7 @@ func newBackend(t *testing.T, mod func(*Options)) *Backend {
 		WorkRoot:      filepath.Join(t.TempDir(), "work"),
 		RelayRetry:    50 * time.Millisecond,
 		ReachInterval: 50 * time.Millisecond,
+		Sandbox:       SandboxOptions{Init: sandboxInitPath},
 	}
 	if mod != nil {
 		mod(&opts)

@@ -13,13 +13,16 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/local/sandboxinit"
 )
 
 // The local sandbox (issue 18): every process the local backend starts
 // (app kernels, the workspace server and the agent of watch sessions) runs
 // in its own user, mount and PID namespaces, with no container engine and
-// no daemon. The runner's own executable is re-executed as a small init
-// (sandboxinit.go), in two stages:
+// no daemon. A small init (package sandboxinit: the telorunner-sandbox
+// program, or the runner's own executable re-executed when that program is
+// not installed beside it) builds it in two stages:
 //
 //   - stage 1 is cloned by the runner into new mount and PID namespaces
 //     (and a new user namespace mapping itself to the runner's ids when the
@@ -37,7 +40,7 @@ import (
 //     processes, open files) and execs the program. When cgroups hold
 //     memory and processes (root), stage 1 sets no_new_privs and the open
 //     files limit on itself and clones the program directly in that user
-//     namespace instead: one exec of this large binary less per process.
+//     namespace instead: one exec less per process.
 //
 // Ports stay on the host network: there is no network namespace.
 
@@ -46,18 +49,8 @@ const (
 	DefaultSandboxUID      = 65534
 	DefaultSandboxMaxProcs = 256
 	DefaultSandboxMaxFiles = 4096
-	// sandboxInnerID is the uid and gid a workload has inside its
-	// namespace (the Kubernetes pods' runAsUser, contract 11.3).
-	sandboxInnerID = 1000
-	// sandboxEnv carries the stage's spec to the re-executed runner.
-	sandboxEnv = "TELORUNNER_SANDBOX_STAGE"
-	// sandboxProgramFD is the descriptor of the program in both stages
-	// (the first of ExtraFiles).
-	sandboxProgramFD = 3
-	// sandboxSetupFailed is stage 1's exit status when it could not build
-	// the sandbox; stage 2's when it could not exec.
-	sandboxSetupFailed = 125
-	sandboxExecFailed  = 127
+	// DefaultSandboxNice is RUNNER_SANDBOX_NICE's default.
+	DefaultSandboxNice = 10
 	probeTimeout       = 20 * time.Second
 )
 
@@ -75,6 +68,16 @@ type SandboxOptions struct {
 	// MaxProcs and MaxFiles are the RLIMIT_NPROC and RLIMIT_NOFILE of every
 	// workload process (0: 256 and 4096).
 	MaxProcs, MaxFiles int
+	// Nice is the niceness of every workload process (0-19; 0: the
+	// runner's own). A workload that spins then yields the CPU to the
+	// runner's own work: the editor's API, terminal and event streams stay
+	// responsive. Never below the runner's own niceness.
+	Nice int
+	// Init is the sandbox init program. Empty: telorunner-sandbox beside
+	// this executable when it is there, else this executable itself
+	// (every binary linking this package is also an init, but starting
+	// the whole runner costs tens of milliseconds of CPU per process).
+	Init string
 }
 
 // Ceilings are the limits of one kind of session (contract 11.2).
@@ -94,34 +97,10 @@ var (
 	DefaultWatchCeilings = Ceilings{TTL: 21600 * time.Second, MemoryBytes: 512 << 20, TmpBytes: 1 << 30}
 )
 
-// sandboxSpec is what a stage is told, as JSON in sandboxEnv.
-type sandboxSpec struct {
-	Stage int  `json:"stage"`
-	Probe bool `json:"probe,omitempty"`
-	// Stage 1.
-	Privileged bool     `json:"privileged,omitempty"` // real root: map stage 2 to UID/GID, open unsearchable paths
-	UID        int      `json:"uid"`                  // stage 2's id in stage 1's user namespace
-	GID        int      `json:"gid"`
-	Hide       []string `json:"hide,omitempty"`
-	ReadOnly   []string `json:"readOnly,omitempty"` // bound read-only at the same path
-	Writable   []string `json:"writable,omitempty"` // bound read-write at the same path, after ReadOnly
-	TmpBytes   int64    `json:"tmpBytes,omitempty"`
-	Cgroups    []string `json:"cgroups,omitempty"` // cgroup.procs files to join first
-	// Stage 2.
-	Dir       string   `json:"dir,omitempty"`
-	Program   string   `json:"program,omitempty"`
-	ProgramFD bool     `json:"programFD,omitempty"` // the program is open on sandboxProgramFD
-	Argv      []string `json:"argv,omitempty"`
-	Env       []string `json:"env,omitempty"`
-	Memory    int64    `json:"memory,omitempty"`
-	Procs     int      `json:"procs,omitempty"`
-	Files     int      `json:"files,omitempty"`
-}
-
 // sandbox turns commands into sandboxed ones. The zero value (nil) runs
 // them unchanged.
 type sandbox struct {
-	exe        string // this executable, re-executed as the init
+	exe        string // the init program (SandboxOptions.Init)
 	opts       SandboxOptions
 	privileged bool
 	hide       []string       // opts.Hide and the work root, absolute
@@ -151,9 +130,9 @@ func newSandbox(opts SandboxOptions, workRoot string) *sandbox {
 			s.hide = append(s.hide, abs)
 		}
 	}
-	exe, err := os.Executable()
+	exe, err := initProgram(opts.Init)
 	if err != nil {
-		s.err = fmt.Errorf("find this executable: %w", err)
+		s.err = err
 		return s
 	}
 	s.exe = exe
@@ -165,6 +144,29 @@ func newSandbox(opts SandboxOptions, workRoot string) *sandbox {
 	}
 	s.err = s.probe()
 	return s
+}
+
+// initProgram is the sandbox init to run: init when set, else
+// telorunner-sandbox beside this executable, else this executable.
+func initProgram(init string) (string, error) {
+	if init != "" {
+		return init, nil
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("find this executable: %w", err)
+	}
+	return initBeside(self), nil
+}
+
+// initBeside is telorunner-sandbox in self's directory when it is an
+// executable file there, else self.
+func initBeside(self string) string {
+	beside := filepath.Join(filepath.Dir(self), sandboxinit.Argv0)
+	if st, err := os.Stat(beside); err == nil && st.Mode().IsRegular() && st.Mode().Perm()&0o111 != 0 {
+		return beside
+	}
+	return self
 }
 
 // close releases what the sandbox holds on the host (its cgroups).
@@ -210,11 +212,11 @@ type procSandbox struct {
 
 // spec is stage 1's spec for ps, with its cgroups created when the runner
 // has them; remove deletes those once the sandbox has ended.
-func (s *sandbox) spec(ps procSandbox) (spec sandboxSpec, remove func(), err error) {
-	spec = sandboxSpec{
+func (s *sandbox) spec(ps procSandbox) (spec sandboxinit.Spec, remove func(), err error) {
+	spec = sandboxinit.Spec{
 		Stage: 1, Privileged: s.privileged,
 		Hide: s.hide, ReadOnly: ps.ReadOnly, Writable: ps.Writable,
-		TmpBytes: ps.Ceilings.TmpBytes, Files: s.opts.MaxFiles,
+		TmpBytes: ps.Ceilings.TmpBytes, Files: s.opts.MaxFiles, Nice: s.opts.Nice,
 	}
 	if s.privileged {
 		spec.UID, spec.GID = s.opts.UID, s.opts.GID
@@ -293,14 +295,14 @@ func (s *sandbox) wrap(cmd *exec.Cmd, ps procSandbox) (release, cleanup func(), 
 }
 
 // apply makes cmd run stage 1 with spec.
-func (s *sandbox) apply(cmd *exec.Cmd, spec sandboxSpec, prog *os.File) error {
+func (s *sandbox) apply(cmd *exec.Cmd, spec sandboxinit.Spec, prog *os.File) error {
 	data, err := json.Marshal(spec)
 	if err != nil {
 		return fmt.Errorf("encode sandbox spec: %w", err)
 	}
 	cmd.Path = s.exe
-	cmd.Args = []string{"telorunner-sandbox"}
-	cmd.Env = []string{sandboxEnv + "=" + string(data)}
+	cmd.Args = []string{sandboxinit.Argv0}
+	cmd.Env = []string{sandboxinit.Env + "=" + string(data)}
 	if cmd.Dir == "" {
 		cmd.Dir = "/"
 	}

@@ -2,6 +2,7 @@ package local
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -233,7 +234,7 @@ func TestSandboxUnprivileged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, src := range map[string]string{"local.test": self, "devkernel": devkernelPath, "hostile": hostilePath, "workspace-server": workspaceServerPath} {
+	for name, src := range map[string]string{"local.test": self, "devkernel": devkernelPath, "hostile": hostilePath, "workspace-server": workspaceServerPath, "telorunner-sandbox": sandboxInitPath} {
 		if src == "" {
 			t.Fatalf("%s was not built: %v", name, workspaceServerErr)
 		}
@@ -246,7 +247,7 @@ func TestSandboxUnprivileged(t *testing.T) {
 	if err := os.Chown(work, uid, uid); err != nil {
 		t.Fatal(err)
 	}
-	tests := "^(TestSandboxHostileWorkload|TestSandboxMemoryCeiling|TestSandboxRunTimeCeiling|TestExitCode|TestStreamsRunSession|TestWatchSessionComesUp)$"
+	tests := "^(TestSandboxHostileWorkload|TestSandboxMemoryCeiling|TestSandboxRunTimeCeiling|TestSandboxNice|TestSandboxInit|TestExitCode|TestStreamsRunSession|TestWatchSessionComesUp)$"
 	cmd := exec.Command(filepath.Join(dir, "local.test"), "-test.run", tests, "-test.count=1", "-test.v", "-test.timeout=5m")
 	cmd.Dir = work
 	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + work, "TMPDIR=/tmp", prebuiltEnv + "=" + dir}
@@ -255,7 +256,7 @@ func TestSandboxUnprivileged(t *testing.T) {
 	if err != nil {
 		t.Fatalf("sandbox tests as uid %d: %v\n%s", uid, err, out)
 	}
-	for _, name := range []string{"TestSandboxHostileWorkload", "TestSandboxMemoryCeiling", "TestSandboxRunTimeCeiling", "TestExitCode", "TestStreamsRunSession", "TestWatchSessionComesUp"} {
+	for _, name := range []string{"TestSandboxHostileWorkload", "TestSandboxMemoryCeiling", "TestSandboxRunTimeCeiling", "TestSandboxNice", "TestSandboxInit", "TestExitCode", "TestStreamsRunSession", "TestWatchSessionComesUp"} {
 		if !strings.Contains(string(out), "--- PASS: "+name+" ") {
 			t.Errorf("%s did not pass as uid %d:\n%s", name, uid, out)
 		}
@@ -314,4 +315,106 @@ func TestStaleCgroupsRemoved(t *testing.T) {
 			t.Errorf("live runner's %s removed: %v", dir, err)
 		}
 	}
+}
+
+// TestSandboxInit: a sandbox's PID 1 is the init program the backend was
+// given: the small telorunner-sandbox by default in these tests (as make
+// build installs it), or this test binary itself, which links package
+// sandboxinit and so is an init too (the fallback when the small program
+// is not installed). Both build a working sandbox.
+func TestSandboxInit(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, init := range map[string]string{"small": sandboxInitPath, "self": self} {
+		t.Run(name, func(t *testing.T) {
+			b := newBackend(t, func(o *Options) { o.Sandbox.Init = init })
+			if b.sb == nil || b.sb.err != nil {
+				t.Fatalf("sandbox not available on this machine: %v", b.sb.err)
+			}
+			spec := runSpec(manifest("web", nil), contract.IOTTY)
+			rec := newRecorder()
+			w := start(t, b, spec, rec)
+			rec.waitOutput(t, app, contract.TagTTY, "devkernel web ready")
+			pgid := sessionPGID(t, b, spec.SessionID)
+			exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pgid))
+			if err != nil {
+				t.Fatalf("read the sandbox init's executable: %v", err)
+			}
+			if exe != init {
+				t.Errorf("sandbox PID 1 runs %s, want %s", exe, init)
+			}
+			// Inside, the kernel is PID 2 or later of its own PID namespace
+			// and sees a read-only host tree.
+			if err := w.Stdin(app, []byte("hello\n")); err != nil {
+				t.Fatalf("Stdin() = %v", err)
+			}
+			rec.waitOutput(t, app, contract.TagTTY, "echo: hello")
+			if exit := stop(t, w); exit.Err != nil {
+				t.Errorf("Stop() exit = %+v", exit)
+			}
+		})
+	}
+}
+
+// TestInitBeside: the default init is telorunner-sandbox beside the
+// runner's executable when it is an executable file there, else the runner
+// itself.
+func TestInitBeside(t *testing.T) {
+	dir := t.TempDir()
+	self := filepath.Join(dir, "telorunner")
+	beside := filepath.Join(dir, "telorunner-sandbox")
+	if got := initBeside(self); got != self {
+		t.Errorf("no program beside: initBeside() = %s, want %s", got, self)
+	}
+	if err := os.WriteFile(beside, []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := initBeside(self); got != self {
+		t.Errorf("a non-executable file beside: initBeside() = %s, want %s", got, self)
+	}
+	if err := os.Chmod(beside, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := initBeside(self); got != beside {
+		t.Errorf("an executable beside: initBeside() = %s, want %s", got, beside)
+	}
+}
+
+// TestSandboxNice: workload processes run at the sandbox's niceness, so
+// the runner's own work comes first on a full machine; 0 leaves them at
+// the runner's own.
+func TestSandboxNice(t *testing.T) {
+	own := ownNice(t)
+	for _, tt := range []struct{ nice, want int }{{7, max(7, own)}, {0, own}} {
+		t.Run(strconv.Itoa(tt.nice), func(t *testing.T) {
+			b := newBackend(t, func(o *Options) {
+				o.KernelCommand = []string{script(t, "echo \"nice=$(cut -d' ' -f19 /proc/self/stat)\"\n")}
+				o.Sandbox.Nice = tt.nice
+			})
+			rec := newRecorder()
+			w := start(t, b, runSpec(manifest("job", nil), contract.IOStreams), rec)
+			if exit := waitDone(t, w); exit.Err != nil || exit.Code == nil || *exit.Code != 0 {
+				t.Fatalf("Exit() = %+v", exit)
+			}
+			want := "nice=" + strconv.Itoa(tt.want)
+			rec.waitOutput(t, app, contract.TagStdout, want)
+		})
+	}
+}
+
+// ownNice is this test process's niceness.
+func ownNice(t *testing.T) int {
+	t.Helper()
+	stat, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	n, err := strconv.Atoi(fields[16]) // field 19 overall
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/telorunner/telorunner/pkg/contract"
 	"github.com/telorunner/telorunner/services/pod-driver/internal/backend"
+	"github.com/telorunner/telorunner/services/pod-driver/internal/backend/local/sandboxinit"
 )
 
 // newWatchBackend is newBackend with the workspace server built by
@@ -241,7 +242,7 @@ func workloadPID(t *testing.T, pid int) int {
 	if err != nil {
 		t.Fatalf("read environment of %d: %v", pid, err)
 	}
-	if !strings.HasPrefix(string(env), sandboxEnv+"=") {
+	if !strings.HasPrefix(string(env), sandboxinit.Env+"=") {
 		return pid
 	}
 	var child int
@@ -260,7 +261,7 @@ func workloadPID(t *testing.T, pid int) int {
 		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", child))
 		cmd, cerr := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", child))
 		return err == nil && cerr == nil && len(env) > 0 && len(cmd) > 0 &&
-			!strings.HasPrefix(string(env), sandboxEnv+"=") && !strings.HasPrefix(string(cmd), "telorunner-sandbox")
+			!strings.HasPrefix(string(env), sandboxinit.Env+"=") && !strings.HasPrefix(string(cmd), "telorunner-sandbox")
 	})
 	return child
 }

@@ -1,4 +1,11 @@
-package local
+// Package sandboxinit is the init of the local backend's sandbox (see
+// ../sandbox.go): the two stages a sandboxed process starts through. It
+// imports little on purpose: the small telorunner-sandbox program
+// (cmd/telorunner-sandbox) is this package alone, so starting a sandbox
+// costs one exec of a ~2 MB binary rather than of the whole runner. Any
+// binary that links this package can also be its own sandbox init: its
+// init runs the stage named in Env and never returns then.
+package sandboxinit
 
 import (
 	"encoding/json"
@@ -16,33 +23,75 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// init runs a sandbox stage when this executable was re-executed as one
-// (sandbox.go): every binary that links the local backend can be its own
-// sandbox init. It never returns then.
+const (
+	// Env carries the stage's spec (JSON) to the init.
+	Env = "TELORUNNER_SANDBOX_STAGE"
+	// Argv0 is the name the init runs under.
+	Argv0 = "telorunner-sandbox"
+	// ProgramFD is the descriptor of the program in both stages (the first
+	// of ExtraFiles).
+	ProgramFD = 3
+	// InnerID is the uid and gid a workload has inside its namespace (the
+	// Kubernetes pods' runAsUser, contract 11.3).
+	InnerID = 1000
+	// SetupFailed is stage 1's exit status when it could not build the
+	// sandbox; ExecFailed stage 2's when it could not exec.
+	SetupFailed = 125
+	ExecFailed  = 127
+)
+
+// Spec is what a stage is told, as JSON in Env.
+type Spec struct {
+	Stage int  `json:"stage"`
+	Probe bool `json:"probe,omitempty"`
+	// Stage 1.
+	Privileged bool     `json:"privileged,omitempty"` // real root: map stage 2 to UID/GID, open unsearchable paths
+	UID        int      `json:"uid"`                  // stage 2's id in stage 1's user namespace
+	GID        int      `json:"gid"`
+	Hide       []string `json:"hide,omitempty"`
+	ReadOnly   []string `json:"readOnly,omitempty"` // bound read-only at the same path
+	Writable   []string `json:"writable,omitempty"` // bound read-write at the same path, after ReadOnly
+	TmpBytes   int64    `json:"tmpBytes,omitempty"`
+	Cgroups    []string `json:"cgroups,omitempty"` // cgroup.procs files to join first
+	// Stage 2.
+	Dir       string   `json:"dir,omitempty"`
+	Program   string   `json:"program,omitempty"`
+	ProgramFD bool     `json:"programFD,omitempty"` // the program is open on ProgramFD
+	Argv      []string `json:"argv,omitempty"`
+	Env       []string `json:"env,omitempty"`
+	Memory    int64    `json:"memory,omitempty"`
+	Procs     int      `json:"procs,omitempty"`
+	Files     int      `json:"files,omitempty"`
+	// Nice is the niceness of the init and everything it starts (0: the
+	// runner's own).
+	Nice int `json:"nice,omitempty"`
+}
+
+// init runs a sandbox stage when this executable was started as one.
 func init() {
-	raw, ok := os.LookupEnv(sandboxEnv)
+	raw, ok := os.LookupEnv(Env)
 	if !ok {
 		return
 	}
-	var spec sandboxSpec
+	var spec Spec
 	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
 		fmt.Fprintf(os.Stderr, "telorunner sandbox: bad spec: %v\n", err)
-		os.Exit(sandboxSetupFailed)
+		os.Exit(SetupFailed)
 	}
 	switch spec.Stage {
 	case 1:
-		os.Exit(sandboxStage1(spec))
+		os.Exit(stage1(spec))
 	case 2:
-		os.Exit(sandboxStage2(spec))
+		os.Exit(stage2(spec))
 	}
 	fmt.Fprintf(os.Stderr, "telorunner sandbox: unknown stage %d\n", spec.Stage)
-	os.Exit(sandboxSetupFailed)
+	os.Exit(SetupFailed)
 }
 
-// sandboxStage1 is PID 1 of the sandbox: it builds the mounts, starts
+// stage1 is PID 1 of the sandbox: it builds the mounts, starts
 // stage 2 in its own user namespace and reaps until stage 2 exits, then
 // exits with its status.
-func sandboxStage1(spec sandboxSpec) int {
+func stage1(spec Spec) int {
 	// Signals for the process group reach stage 2 too; this init only
 	// outlives them (a PID 1 without handlers would ignore them anyway).
 	sigs := make(chan os.Signal, 8)
@@ -55,33 +104,38 @@ func sandboxStage1(spec sandboxSpec) int {
 	for _, procs := range spec.Cgroups {
 		if err := os.WriteFile(procs, []byte("0"), 0); err != nil {
 			fmt.Fprintf(os.Stderr, "telorunner sandbox: join cgroup: %v\n", err)
-			return sandboxSetupFailed
+			return SetupFailed
 		}
 	}
 	if err := buildMounts(spec); err != nil {
 		fmt.Fprintf(os.Stderr, "telorunner sandbox: %v\n", err)
-		return sandboxSetupFailed
+		return SetupFailed
+	}
+	// After the mounts: /proc is this PID namespace's now, and its thread
+	// ids are the ones setpriority takes here.
+	if err := renice(spec.Nice); err != nil {
+		fmt.Fprintf(os.Stderr, "telorunner sandbox: %v\n", err)
+		return SetupFailed
 	}
 	cmd := &exec.Cmd{
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags:  syscall.CLONE_NEWUSER,
-			UidMappings: []syscall.SysProcIDMap{{ContainerID: sandboxInnerID, HostID: spec.UID, Size: 1}},
-			GidMappings: []syscall.SysProcIDMap{{ContainerID: sandboxInnerID, HostID: spec.GID, Size: 1}},
-			Credential:  &syscall.Credential{Uid: sandboxInnerID, Gid: sandboxInnerID, NoSetGroups: true},
+			UidMappings: []syscall.SysProcIDMap{{ContainerID: InnerID, HostID: spec.UID, Size: 1}},
+			GidMappings: []syscall.SysProcIDMap{{ContainerID: InnerID, HostID: spec.GID, Size: 1}},
+			Credential:  &syscall.Credential{Uid: InnerID, Gid: InnerID, NoSetGroups: true},
 		},
 	}
 	if len(spec.Cgroups) > 0 && spec.ProgramFD && !spec.Probe {
 		// The cgroups hold memory and processes: the program can start
-		// straight from here, without a stage 2 (one exec of this large
-		// binary less). no_new_privs is per thread and inherited: the
+		// straight from here, without a stage 2 (one exec less). no_new_privs is per thread and inherited: the
 		// fork happens on this locked one.
 		runtime.LockOSThread()
 		if err := setLimits(spec, false); err != nil {
 			fmt.Fprintf(os.Stderr, "telorunner sandbox: %v\n", err)
-			return sandboxSetupFailed
+			return SetupFailed
 		}
-		cmd.Path = "/proc/self/fd/" + strconv.Itoa(sandboxProgramFD)
+		cmd.Path = "/proc/self/fd/" + strconv.Itoa(ProgramFD)
 		cmd.Args, cmd.Env, cmd.Dir = spec.Argv, spec.Env, spec.Dir
 	} else {
 		next := spec
@@ -89,17 +143,17 @@ func sandboxStage1(spec sandboxSpec) int {
 		data, err := json.Marshal(next)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "telorunner sandbox: %v\n", err)
-			return sandboxSetupFailed
+			return SetupFailed
 		}
-		cmd.Path, cmd.Args, cmd.Dir = "/proc/self/exe", []string{"telorunner-sandbox"}, "/"
-		cmd.Env = []string{sandboxEnv + "=" + string(data)}
+		cmd.Path, cmd.Args, cmd.Dir = "/proc/self/exe", []string{Argv0}, "/"
+		cmd.Env = []string{Env + "=" + string(data)}
 	}
 	if spec.ProgramFD {
-		cmd.ExtraFiles = []*os.File{os.NewFile(sandboxProgramFD, "program")}
+		cmd.ExtraFiles = []*os.File{os.NewFile(ProgramFD, "program")}
 	}
 	if err := cmd.Start(); err != nil {
 		fmt.Fprintf(os.Stderr, "telorunner sandbox: start workload: %v\n", err)
-		return sandboxSetupFailed
+		return SetupFailed
 	}
 	if spec.ProgramFD {
 		_ = cmd.ExtraFiles[0].Close() // stage 2 has it
@@ -113,7 +167,7 @@ func sandboxStage1(spec sandboxSpec) int {
 			continue
 		case err != nil:
 			fmt.Fprintf(os.Stderr, "telorunner sandbox: wait: %v\n", err)
-			return sandboxSetupFailed
+			return SetupFailed
 		case pid != child:
 			continue // an orphan re-parented to this init
 		case ws.Signaled():
@@ -124,9 +178,37 @@ func sandboxStage1(spec sandboxSpec) int {
 	}
 }
 
+// renice gives every thread of this process niceness nice (Linux keeps it
+// per thread; a thread or process started later inherits its creator's).
+// A niceness at or below this process's own is left as it is: lowering it
+// takes a privilege, and the sandbox never raises a workload's priority.
+func renice(nice int) error {
+	raw, err := unix.Getpriority(unix.PRIO_PROCESS, 0) // 20 - niceness (the raw syscall)
+	if err != nil {
+		return fmt.Errorf("renice: %w", err)
+	}
+	if nice <= 20-raw {
+		return nil
+	}
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return fmt.Errorf("renice: %w", err)
+	}
+	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil {
+			continue
+		}
+		if err := unix.Setpriority(unix.PRIO_PROCESS, tid, nice); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("renice to %d: %w", nice, err)
+		}
+	}
+	return nil
+}
+
 // buildMounts makes the sandbox's view of the file system, in this
 // process's new mount namespace.
-func buildMounts(spec sandboxSpec) error {
+func buildMounts(spec Spec) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
@@ -241,12 +323,12 @@ func openAncestors(path string) ([]string, error) {
 	return covered, nil
 }
 
-// sandboxStage2 runs as the unprivileged sandbox uid: it sets the limits
+// stage2 runs as the unprivileged sandbox uid: it sets the limits
 // and execs the program.
-func sandboxStage2(spec sandboxSpec) int {
+func stage2(spec Spec) int {
 	fail := func(format string, args ...any) int {
 		fmt.Fprintf(os.Stderr, "telorunner sandbox: "+format+"\n", args...)
-		return sandboxExecFailed
+		return ExecFailed
 	}
 	if err := setLimits(spec, true); err != nil {
 		return fail("%v", err)
@@ -259,9 +341,9 @@ func sandboxStage2(spec sandboxSpec) int {
 	}
 	prog := spec.Program
 	if spec.ProgramFD && unix.Access(prog, unix.X_OK) != nil {
-		prog = "/proc/self/fd/" + strconv.Itoa(sandboxProgramFD)
+		prog = "/proc/self/fd/" + strconv.Itoa(ProgramFD)
 	} else if spec.ProgramFD {
-		unix.CloseOnExec(sandboxProgramFD)
+		unix.CloseOnExec(ProgramFD)
 	}
 	err := syscall.Exec(prog, spec.Argv, spec.Env)
 	return fail("exec %s: %v", spec.Program, err)
@@ -270,7 +352,7 @@ func sandboxStage2(spec sandboxSpec) int {
 // setLimits sets no_new_privs on this thread and the rlimits of spec on
 // this process; memory and process rlimits only when all is set (stage 2:
 // without cgroups, spec carries them).
-func setLimits(spec sandboxSpec, all bool) error {
+func setLimits(spec Spec, all bool) error {
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("no_new_privs: %w", err)
 	}
