@@ -178,9 +178,9 @@ func (s *Server) createAppSession(c *gin.Context) {
 	s.admitAndStart(c, contract.ModeRun, apps, launch, contract.Bundle{EntryRelativePath: "telo.yaml", Files: []contract.BundleFile{}}, nil)
 }
 
-// admitAndStart admits, stores and queues a new session, then answers 201.
-// Everything durable happens before the answer, so an edge dying right
-// after it loses nothing. seed (fork: the session's first checkpoint)
+// admitAndStart admits and stores a new session, answers 201 and queues
+// its start (startSoon). The session is durable before the answer, so an
+// edge dying right after it loses nothing. seed (fork: the session's first checkpoint)
 // runs after the record and bundle are stored and before the start
 // command; a seed that fails ends the session failed.
 func (s *Server) admitAndStart(c *gin.Context, mode string, apps []session.App, launch session.Launch, bundle contract.Bundle, notices []string, seed ...func(ctx context.Context, id string) error) {
@@ -221,13 +221,48 @@ func (s *Server) admitAndStart(c *gin.Context, mode string, apps []session.App, 
 		}
 	}
 	s.store.Release(id) // the driver writes the rest: keep no tail here
-	if err := s.publishStart(ctx, id, now); err != nil {
-		s.fail(c, err)
-		return
-	}
+	s.startSoon(id, now)
 	s.m.sessionsCreated.WithLabelValues(mode).Inc()
 	c.JSON(http.StatusCreated, created{SessionID: id, StreamURL: "/v1/sessions/" + id + "/events", CreatedAt: contract.Timestamp(now)})
 }
+
+// startSoon queues the start of a new session without holding its 201 for
+// the acknowledgement. What must survive a crash is durable already: the
+// record says starting, with its startRequestedAt. An edge that dies
+// before this publish lands loses nothing: the supervisor asks a driver to
+// adopt a starting session whose start is neither queued nor owned once
+// AdoptAfter (30 s) has passed since it was requested, and the driver
+// starts it then. Until then a failed publish is retried here.
+func (s *Server) startSoon(id string, requested time.Time) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		wait := 50 * time.Millisecond
+		for {
+			// Not cut by shutdown: a publish under way finishes (Wait).
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), 10*time.Second)
+			err := s.publishStart(ctx, id, requested)
+			cancel()
+			if err == nil {
+				return
+			}
+			if time.Since(requested) > startRetryFor || s.ctx.Err() != nil {
+				s.log.Warn("start not queued: the supervisor has a driver adopt the session", "session", id, "err", err)
+				return
+			}
+			s.log.Warn("queue start; retrying", "session", id, "err", err)
+			select {
+			case <-time.After(wait):
+			case <-s.ctx.Done():
+			}
+			wait = min(2*wait, 2*time.Second)
+		}
+	}()
+}
+
+// startRetryFor is how long startSoon retries: the supervisor's default
+// AdoptAfter, after which a driver adopts the session instead.
+const startRetryFor = 30 * time.Second
 
 // publishStart queues the start of the session whose start was requested
 // at requested (the record's startRequestedAt). The Nats-Msg-Id names that

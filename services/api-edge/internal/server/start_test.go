@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"net/http"
 	"testing"
 	"time"
 
@@ -45,5 +46,36 @@ func TestPublishStartIsDeduplicatedPerRequest(t *testing.T) {
 	}
 	if n := count(); n != 2 {
 		t.Fatalf("start commands queued after a later start = %d, want 2", n)
+	}
+}
+
+// A create answers 201 once the session is stored, without waiting for
+// its start command to be queued: with the command stream gone the
+// session is still created (starting, its start requested at its
+// creation), and the start lands once the stream is back.
+func TestCreateAnswersBeforeTheStartIsQueued(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, admin := testkit.Connect(t, e.ns, testkit.Admin)
+	if err := admin.DeleteStream(ctx, bus.StreamCmd); err != nil {
+		t.Fatal(err)
+	}
+	id := e.do(t, http.MethodPost, "/v1/sessions", validCreate(), nil).created(t)
+	rec := e.record(t, id)
+	if rec.Status.Kind != contract.StatusStarting || rec.StartRequestedAt == nil || !rec.StartRequestedAt.Equal(rec.CreatedAt) {
+		t.Fatalf("record status %q, startRequestedAt %v, want starting, requested at its creation %v", rec.Status.Kind, rec.StartRequestedAt, rec.CreatedAt)
+	}
+	testkit.Provision(t, e.ns, bus.Limits{})
+	cons, err := e.driver.Consumer(ctx, bus.StreamCmd, bus.ConsumerDrivers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := cons.Next(jetstream.FetchMaxWait(20 * time.Second))
+	if err != nil {
+		t.Fatalf("the start command did not land once the stream was back: %v", err)
+	}
+	if msg.Subject() != bus.CmdStartSubject(id) {
+		t.Errorf("command subject = %s, want %s", msg.Subject(), bus.CmdStartSubject(id))
 	}
 }
