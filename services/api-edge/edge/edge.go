@@ -126,7 +126,16 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	if err != nil {
 		return err
 	}
-	api := server.New(srvCtx, server.Options{Config: cfg, NC: d.NC, Store: store, Logger: log, Registry: reg, EdgeID: edgeID, Now: d.Now, Menu: menu})
+	ln := d.Listener
+	if ln == nil {
+		if ln, err = net.Listen("tcp", net.JoinHostPort(cfg.ListenHost, strconv.Itoa(cfg.Port))); err != nil {
+			return fmt.Errorf("listen on %s port %d: %w", cfg.ListenHost, cfg.Port, err)
+		}
+	}
+	// Connections of hijacked SSE streams that ended cleanly come back to
+	// the server through rl (keep-alive).
+	rl := server.NewReuseListener(ln)
+	api := server.New(srvCtx, server.Options{Config: cfg, NC: d.NC, Store: store, Logger: log, Registry: reg, EdgeID: edgeID, Now: d.Now, Menu: menu, Reuse: rl.Reuse})
 	menuDone := make(chan struct{})
 	go func() {
 		defer close(menuDone)
@@ -148,12 +157,6 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	}
 	mux.Handle("/", api)
 
-	ln := d.Listener
-	if ln == nil {
-		if ln, err = net.Listen("tcp", net.JoinHostPort(cfg.ListenHost, strconv.Itoa(cfg.Port))); err != nil {
-			return fmt.Errorf("listen on %s port %d: %w", cfg.ListenHost, cfg.Port, err)
-		}
-	}
 	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	presenceDone := make(chan struct{})
 	go func() {
@@ -161,7 +164,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 		api.PublishPresence(srvCtx, store, bus.Limits.Defaults(lim).PresenceTTL/3)
 	}()
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- httpSrv.Serve(ln) }()
+	go func() { serveErr <- httpSrv.Serve(rl) }()
 	log.Info("api-edge listening", "addr", ln.Addr().String(), "edge", edgeID)
 	if d.Ready != nil {
 		d.Ready(ln.Addr())

@@ -70,8 +70,13 @@ func newEdge(t testing.TB, ns *testkit.Server, cfg config.Config, edgeID string)
 		t.Fatalf("session.Open() error = %v", err)
 	}
 	sctx, scancel := context.WithCancel(context.Background())
-	s := New(sctx, Options{Config: cfg, NC: nc, Store: store, Logger: slog.New(slog.DiscardHandler), EdgeID: edgeID})
-	hs := httptest.NewServer(s)
+	// As edge.Run serves: hijacked SSE connections come back through rl.
+	hs := httptest.NewUnstartedServer(nil)
+	rl := NewReuseListener(hs.Listener)
+	hs.Listener = rl
+	s := New(sctx, Options{Config: cfg, NC: nc, Store: store, Logger: slog.New(slog.DiscardHandler), EdgeID: edgeID, Reuse: rl.Reuse})
+	hs.Config.Handler = s
+	hs.Start()
 	t.Cleanup(func() {
 		scancel() // ends open streams first, so Close does not wait on them
 		hs.Close()

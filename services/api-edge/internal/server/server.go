@@ -9,6 +9,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -41,6 +42,10 @@ type Options struct {
 	// image enum and the allowlist of config.image. Nil when the catalog is
 	// disabled: image is then readOnly and only Config.Image is accepted.
 	Menu *baseimage.Menu
+	// Reuse hands the connection of a hijacked SSE stream that ended
+	// cleanly back to the HTTP server (ReuseListener.Reuse); false or nil:
+	// the connection is closed instead.
+	Reuse func(net.Conn) bool
 }
 
 // Server serves /v1.
@@ -52,6 +57,7 @@ type Server struct {
 	edgeID   string
 	now      func() time.Time // the reload budget's clock
 	menu     *baseimage.Menu  // nil: catalog disabled
+	reuse    func(net.Conn) bool
 	engine   *gin.Engine
 	m        metrics
 	presence presence
@@ -78,7 +84,7 @@ type Server struct {
 // New builds the router. Streams end when ctx does.
 func New(ctx context.Context, o Options) *Server {
 	gin.SetMode(gin.ReleaseMode)
-	s := &Server{cfg: o.Config, nc: o.NC, store: o.Store, log: o.Logger, edgeID: o.EdgeID, now: o.Now, menu: o.Menu, ctx: ctx, newID: contract.NewSessionID}
+	s := &Server{cfg: o.Config, nc: o.NC, store: o.Store, log: o.Logger, edgeID: o.EdgeID, now: o.Now, menu: o.Menu, reuse: o.Reuse, ctx: ctx, newID: contract.NewSessionID}
 	if s.now == nil {
 		s.now = time.Now
 	}

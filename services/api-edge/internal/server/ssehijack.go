@@ -67,6 +67,9 @@ type sseConn struct {
 	mode       sseMode
 	pending    []byte // bytes of a frame the socket did not take yet
 	pendingEnd bool   // pending ends the stream
+	// reusable: the connection may serve another request once its stream
+	// ends; ended: the stream's last chunk was written whole (h.mu).
+	reusable, ended bool
 }
 
 // lastChunk ends a chunked response body.
@@ -125,8 +128,11 @@ func (s *Server) hijackSSE(c *gin.Context, f *follower, st *sseStream, subject s
 	if err != nil {
 		return false
 	}
-	_ = rw // the read buffer holds nothing an SSE client sends; both buffers are dropped
-	d := &sseConn{s: s, h: s.hub, f: f, conn: conn, subject: subject, unfollow: unfollow, release: release}
+	// Both buffers are dropped. The read buffer holds nothing unless the
+	// client pipelined a request behind this one: that connection is then
+	// closed at the end rather than served again.
+	d := &sseConn{s: s, h: s.hub, f: f, conn: conn, subject: subject, unfollow: unfollow, release: release,
+		reusable: s.reuse != nil && rw.Reader.Buffered() == 0}
 	s.wg.Add(1)
 	d.stopAfter = context.AfterFunc(s.ctx, d.end)
 	sc, ok := conn.(syscall.Conn)
@@ -176,14 +182,17 @@ func (d *sseConn) pump() {
 		}
 	}
 	if end {
-		d.end()
+		d.endClean()
 		return
 	}
 	for {
 		done, err := s.drain(s.ctx, st, f, d.subject)
 		if done || err != nil {
 			if done && err == nil {
-				_, _ = d.conn.Write(lastChunk)
+				if _, werr := d.conn.Write(lastChunk); werr == nil {
+					d.endClean()
+					return
+				}
 			}
 			d.end()
 			return
@@ -425,6 +434,7 @@ func (h *hub) write(t *topic) {
 				rest = append([]byte(nil), heartbeatChunk[w.beatN:]...)
 			case wrote && b.end:
 				d.setModeLocked(sseClosed)
+				d.ended = true
 				go d.end()
 				continue
 			}
@@ -485,48 +495,35 @@ func writeAll(res []sseWrite, fn func(*sseWrite)) {
 	wg.Wait()
 }
 
-// end closes the stream and frees what it holds; it runs once.
+// endClean ends a stream whose last chunk was written whole.
+func (d *sseConn) endClean() {
+	d.h.mu.Lock()
+	d.ended = true
+	d.h.mu.Unlock()
+	d.end()
+}
+
+// end ends the stream and frees what it holds; it runs once. A stream
+// that ended cleanly gives its connection back to the HTTP server for the
+// client's next request (keep-alive); any other is closed.
 func (d *sseConn) end() {
 	d.once.Do(func() {
 		d.h.mu.Lock()
 		d.setModeLocked(sseClosed)
+		reuse := d.ended && d.reusable && d.s.ctx.Err() == nil
 		d.h.mu.Unlock()
 		if d.raw != nil {
 			d.s.sseWatch().remove(d)
 		}
-		_ = d.conn.Close()
+		if !reuse || !d.s.reuse(d.conn) {
+			_ = d.conn.Close()
+		}
 		d.unfollow()
 		d.release()
 		d.stopAfter()
 		d.s.m.sseClients.Dec()
 		d.s.wg.Done()
 	})
-}
-
-// peerGone reports whether the client hung up (read EOF or an error);
-// anything it sent is discarded.
-func (d *sseConn) peerGone() bool {
-	var buf [512]byte
-	for {
-		var n int
-		var rerr error
-		err := d.raw.Read(func(fd uintptr) bool {
-			for {
-				n, rerr = syscall.Read(int(fd), buf[:])
-				if rerr != syscall.EINTR {
-					return true
-				}
-			}
-		})
-		switch {
-		case err != nil:
-			return true
-		case rerr == syscall.EAGAIN:
-			return false
-		case rerr != nil || n == 0:
-			return true
-		}
-	}
 }
 
 // beat has each topic's writer write the heartbeat to its direct clients

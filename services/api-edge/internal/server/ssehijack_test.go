@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"runtime"
@@ -394,5 +395,53 @@ func TestSSEConcurrentReplays(t *testing.T) {
 		if err := <-results; err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// A stream that ends cleanly leaves its connection open for the client's
+// next request (the contract's connection: keep-alive), as net/http does
+// for a stream it wrote itself: Go's and browsers' clients reuse it. Both
+// paths, hijacked and not.
+func TestSSEConnectionServesTheNextRequest(t *testing.T) {
+	t.Run("hijacked", func(t *testing.T) { sseKeepAlive(t) })
+	t.Run("net/http", func(t *testing.T) {
+		sseHijack = false
+		defer func() { sseHijack = true }()
+		sseKeepAlive(t)
+	})
+}
+
+func sseKeepAlive(t *testing.T) {
+	e := newEnv(t, nil)
+	id := e.do(t, "POST", "/v1/sessions", validCreate(), nil).created(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	subject := bus.EventsSubject(id)
+	writer := bus.NewLog(e.driver, bus.StreamEvents, 50_000_000)
+	conn, resp := rawSSE(t, e.url, id, 0)
+	if sseHijack {
+		waitFor(t, func() string { _, d, _ := sseCounts(e.srv, subject); return fmt.Sprintf("%d direct", d) },
+			func() bool { _, d, _ := sseCounts(e.srv, subject); return d == 1 })
+	}
+	appendProgress(t, ctx, writer, subject, 5, 10, true)
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		t.Fatalf("read the stream to its end: %v", err)
+	}
+	_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+	// The response reader holds no bytes beyond the body's last chunk: the
+	// next response is read from the connection afresh.
+	if _, err := fmt.Fprintf(conn, "GET /v1/health HTTP/1.1\r\nHost: edge\r\n\r\n"); err != nil {
+		t.Fatalf("send the next request on the stream's connection: %v", err)
+	}
+	next, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("next request on the stream's connection: %v (the connection was closed)", err)
+	}
+	defer next.Body.Close()
+	if next.StatusCode != http.StatusOK {
+		t.Fatalf("GET /v1/health on the stream's connection = %d, want 200", next.StatusCode)
+	}
+	if resp.Close {
+		t.Errorf("the stream's response asked to close the connection")
 	}
 }

@@ -11,10 +11,11 @@ import (
 const sseWatchSupported = true
 
 // sseWatcher reports hijacked SSE clients that hang up without a goroutine
-// each: their sockets are also registered (edge-triggered, for input and
-// peer hang-up) in one epoll set of its own, waited on by one goroutine.
-// A readiness report is checked with a non-blocking read (EOF or an error:
-// the client is gone); net/http's own poller keeps the sockets too.
+// each: their sockets are also registered (edge-triggered, for peer
+// hang-up only) in one epoll set of its own, waited on by one goroutine;
+// net/http's own poller keeps the sockets too. Nothing is read: whatever
+// a client sends (its next request, once its stream has ended) stays in
+// the socket for the HTTP server the connection goes back to.
 type sseWatcher struct {
 	ep   int
 	wake [2]int // a pipe: a byte on wake[1] ends the wait at shutdown
@@ -63,7 +64,7 @@ func (w *sseWatcher) add(d *sseConn) error {
 		return errors.New("the edge is shutting down")
 	}
 	w.conns[d.fd] = d
-	ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP | 1<<31 /* EPOLLET */, Fd: int32(d.fd)}
+	ev := syscall.EpollEvent{Events: syscall.EPOLLRDHUP | 1<<31 /* EPOLLET */, Fd: int32(d.fd)}
 	if err := syscall.EpollCtl(w.ep, syscall.EPOLL_CTL_ADD, d.fd, &ev); err != nil {
 		delete(w.conns, d.fd)
 		return err
@@ -116,7 +117,7 @@ func (w *sseWatcher) run(s *Server) {
 			if d == nil {
 				continue
 			}
-			if ev.Events&(syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0 || d.peerGone() {
+			if ev.Events&(syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0 {
 				go d.end()
 			}
 		}
