@@ -88,7 +88,12 @@ func writeFileAtomic(path string, v any) error {
 
 // Groups lists every recorded process group on this machine's work root
 // (unreadable records are skipped and removed).
-func (b *Backend) Groups() ([]GroupRecord, error) {
+func (b *Backend) Groups() ([]GroupRecord, error) { return b.groups("") }
+
+// groups is Groups, of one session only when session is set: only its
+// records are read (their names start with its id), so a session's start
+// costs the same however many others run.
+func (b *Backend) groups(session string) ([]GroupRecord, error) {
 	entries, err := os.ReadDir(b.groupsDir())
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -98,7 +103,7 @@ func (b *Backend) Groups() ([]GroupRecord, error) {
 	}
 	var out []GroupRecord
 	for _, e := range entries {
-		if !strings.HasSuffix(e.Name(), ".json") {
+		if !strings.HasSuffix(e.Name(), ".json") || session != "" && !strings.HasPrefix(e.Name(), session+".") {
 			continue
 		}
 		path := filepath.Join(b.groupsDir(), e.Name())
@@ -133,7 +138,7 @@ func (b *Backend) ReapSession(id string) int {
 // reapSession is ReapSession for a start that registered id already and
 // has started nothing yet.
 func (b *Backend) reapSession(id string) int {
-	recs, err := b.Groups()
+	recs, err := b.groups(id)
 	if err != nil {
 		b.log.Warn("reap session", "session", id, "err", err)
 		return 0

@@ -137,6 +137,42 @@ func TestReapSessionEndsMembersOfAGoneLeader(t *testing.T) {
 	}
 }
 
+// Reaping one session reads only that session's records: another
+// session's record, even an unreadable one, is not opened (Groups would
+// remove it), so a start costs the same however many sessions run here.
+func TestReapSessionReadsOnlyItsRecords(t *testing.T) {
+	b := newBackend(t, nil)
+	cmd := exec.Command("/bin/sh", "-c", "sleep 600")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pgid := cmd.Process.Pid
+	t.Cleanup(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL); _ = cmd.Wait() })
+	st, err := procStartTime(pgid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, other := contract.NewSessionID(), contract.NewSessionID()
+	record(t, b, GroupRecord{Session: id, Role: "app-web", PID: pgid, Start: st, Driver: "gone"})
+	garbage := b.groupPath(other, 4242)
+	if err := os.WriteFile(garbage, []byte("not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.ReapSession(id); n != 1 {
+		t.Errorf("ReapSession = %d, want 1", n)
+	}
+	if _, err := os.Stat(garbage); err != nil {
+		t.Errorf("another session's record was read (and removed as garbage): %v", err)
+	}
+	if _, err := b.Groups(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(garbage); err == nil {
+		t.Error("Groups left an unreadable record in place")
+	}
+}
+
 // Every process of a live workload is recorded with its start time and
 // driver, and the records go with the processes.
 func TestWorkloadGroupsAreRecorded(t *testing.T) {
