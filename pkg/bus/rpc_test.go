@@ -82,11 +82,17 @@ func TestCallReplyError(t *testing.T) {
 		t.Fatalf("Call success = %s %q", res, data)
 	}
 
-	stats := svc.Stats()
-	if len(stats.Endpoints) != 1 {
-		t.Fatalf("endpoints: %d", len(stats.Endpoints))
-	}
-	st := stats.Endpoints[0]
+	// micro counts a request when its handler returns, which may be just
+	// after the reply reached the caller: wait for the fifth.
+	var st *micro.EndpointStats
+	testkit.Poll(ctx, 5*time.Second, func() bool {
+		stats := svc.Stats()
+		if len(stats.Endpoints) != 1 {
+			t.Fatalf("endpoints: %d", len(stats.Endpoints))
+		}
+		st = stats.Endpoints[0]
+		return st.NumRequests >= 5
+	})
 	// The later error is not counted: micro takes the stats when the
 	// handler returns.
 	if st.NumRequests != 5 || st.NumErrors != 3 {
