@@ -267,40 +267,15 @@ func (c *Client) doJSON(ctx context.Context, method, p string, q url.Values, in,
 // do sends one request (in as JSON when non-nil) and returns the body of
 // a 2xx answer, or an *Error.
 func (c *Client) do(ctx context.Context, method, p string, q url.Values, in any) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	target := p
-	if len(q) > 0 {
-		target += "?" + q.Encode()
-	}
-	var body io.Reader
+	var body []byte
 	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
+		var err error
+		if body, err = json.Marshal(in); err != nil {
 			return nil, fmt.Errorf("workspace %s %s: encode request: %w", method, p, err)
 		}
-		body = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+target, body)
-	if err != nil {
-		return nil, fmt.Errorf("workspace %s %s: %w", method, p, err)
-	}
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("workspace %s %s: %w", method, p, err)
-	}
-	defer func() { _ = resp.Body.Close() }() // Fully read or abandoned.
-	if resp.StatusCode/100 != 2 {
-		return nil, newError(method, target, resp)
-	}
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, fmt.Errorf("workspace %s %s: read answer: %w", method, p, err)
-	}
-	return data, nil
+	_, data, err := c.doRaw(ctx, method, p, q, body, "application/json")
+	return data, err
 }
 
 // newError reads a failure body (bounded) into an *Error.
