@@ -142,13 +142,7 @@ func TestReapSessionEndsMembersOfAGoneLeader(t *testing.T) {
 // remove it), so a start costs the same however many sessions run here.
 func TestReapSessionReadsOnlyItsRecords(t *testing.T) {
 	b := newBackend(t, nil)
-	cmd := exec.Command("/bin/sh", "-c", "sleep 600")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	pgid := cmd.Process.Pid
-	t.Cleanup(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL); _ = cmd.Wait() })
+	pgid := orphan(t)
 	st, err := procStartTime(pgid)
 	if err != nil {
 		t.Fatal(err)
@@ -161,6 +155,9 @@ func TestReapSessionReadsOnlyItsRecords(t *testing.T) {
 	}
 	if n := b.ReapSession(id); n != 1 {
 		t.Errorf("ReapSession = %d, want 1", n)
+	}
+	if got := members(pgid); len(got) != 0 {
+		t.Errorf("members of the session's group after reap = %v, want none", got)
 	}
 	if _, err := os.Stat(garbage); err != nil {
 		t.Errorf("another session's record was read (and removed as garbage): %v", err)
