@@ -36,6 +36,11 @@ type testEnv struct {
 	driverNC *nats.Conn
 	cfg      config.Config
 	srv      *Server
+	// cancel ends the edge's streams (its context), as a stopping edge
+	// does first; shutdown then also stops the HTTP server, which waits
+	// for its handlers, as edge.Run does before Wait.
+	cancel   context.CancelFunc
+	shutdown func()
 }
 
 // loadConfig builds a configuration the way main does, from variables.
@@ -82,7 +87,7 @@ func newEdge(t testing.TB, ns *testkit.Server, cfg config.Config, edgeID string)
 		hs.Close()
 		s.Wait()
 	})
-	return &testEnv{url: hs.URL, ns: ns, js: js, store: store, cfg: cfg, driver: driver, driverNC: driverNC, srv: s}
+	return &testEnv{url: hs.URL, ns: ns, js: js, store: store, cfg: cfg, driver: driver, driverNC: driverNC, srv: s, cancel: scancel, shutdown: func() { scancel(); hs.Close() }}
 }
 
 type response struct {

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -79,6 +80,10 @@ type Server struct {
 	// watch finds hijacked SSE clients that hung up (started on first use).
 	watchOnce sync.Once
 	watch     *sseWatcher
+
+	// hijackHook, when set (tests), runs in the middle of each SSE
+	// hijack, before the stream is whole.
+	hijackHook atomic.Pointer[func(*sseConn)]
 }
 
 // New builds the router. Streams end when ctx does.

@@ -60,10 +60,10 @@ type sseConn struct {
 	cw      *chunkWriter
 
 	unfollow, release func()
-	stopAfter         func() bool
 	once              sync.Once
 
 	// Under h.mu.
+	stopAfter  func() bool // stops the shutdown's end; nil until the stream is whole
 	mode       sseMode
 	pending    []byte // bytes of a frame the socket did not take yet
 	pendingEnd bool   // pending ends the stream
@@ -134,7 +134,9 @@ func (s *Server) hijackSSE(c *gin.Context, f *follower, st *sseStream, subject s
 	d := &sseConn{s: s, h: s.hub, f: f, conn: conn, subject: subject, unfollow: unfollow, release: release,
 		reusable: s.reuse != nil && rw.Reader.Buffered() == 0}
 	s.wg.Add(1)
-	d.stopAfter = context.AfterFunc(s.ctx, d.end)
+	if hook := s.hijackHook.Load(); hook != nil {
+		(*hook)(d) // tests: the edge stops here
+	}
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
 		d.end() // not a socket: the client resumes from its last id
@@ -160,6 +162,12 @@ func (s *Server) hijackSSE(c *gin.Context, f *follower, st *sseStream, subject s
 	}
 	s.hub.mu.Lock()
 	f.d = d
+	// The server's shutdown ends the stream from here on, once it is whole
+	// (a stream already ended is left alone): end reads what it frees
+	// under the same lock.
+	if d.mode != sseClosed {
+		d.stopAfter = context.AfterFunc(s.ctx, d.end)
+	}
 	s.hub.mu.Unlock()
 	// Write what arrived since the replay, then hand the client to the hub.
 	d.pump()
@@ -511,6 +519,7 @@ func (d *sseConn) end() {
 		d.h.mu.Lock()
 		d.setModeLocked(sseClosed)
 		reuse := d.ended && d.reusable && d.s.ctx.Err() == nil
+		stopAfter := d.stopAfter // nil until the stream was whole
 		d.h.mu.Unlock()
 		if d.raw != nil {
 			d.s.sseWatch().remove(d)
@@ -520,7 +529,9 @@ func (d *sseConn) end() {
 		}
 		d.unfollow()
 		d.release()
-		d.stopAfter()
+		if stopAfter != nil {
+			stopAfter()
+		}
 		d.s.m.sseClients.Dec()
 		d.s.wg.Done()
 	})

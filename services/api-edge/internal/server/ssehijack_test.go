@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -325,6 +327,54 @@ func TestSSEDisconnectFreesResources(t *testing.T) {
 	}
 	waitFor(t, state, freed)
 	waitFor(t, state, func() bool { return runtime.NumGoroutine() <= base+2 })
+}
+
+// TestSSEShutdownMidHijack: the edge stopping in the middle of a stream's
+// hijack ends that stream once it is set up, and every other, and Wait
+// returns. The shutdown used to free the stream while the hijack was still
+// setting it up (a data race under -race).
+func TestSSEShutdownMidHijack(t *testing.T) {
+	e := newEnv(t, nil)
+	id := e.do(t, "POST", "/v1/sessions", validCreate(), nil).created(t)
+	// A stream hijacked before the shutdown.
+	c0, _ := rawSSE(t, e.url, id, 0)
+	var once sync.Once
+	stop := func(d *sseConn) {
+		once.Do(func() {
+			e.cancel()
+			// The stream must not be ended (its connection closed, its
+			// follower freed) while the hijack still sets it up.
+			if testkit.Poll(context.Background(), 200*time.Millisecond, func() bool {
+				d.h.mu.Lock()
+				defer d.h.mu.Unlock()
+				return d.mode == sseClosed
+			}) {
+				t.Error("the shutdown ended the stream in the middle of its hijack")
+			}
+		})
+	}
+	e.srv.hijackHook.Store(&stop)
+	c1, resp := rawSSE(t, e.url, id, 0)
+	for _, c := range []net.Conn{c0, c1} {
+		_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	}
+	// Both streams end: the edge closes their connections (the client
+	// resumes elsewhere from its last id), so each reader sees the end of
+	// the stream, not the deadline.
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("the stream hijacked during the shutdown did not end: %v", err)
+	}
+	if _, err := io.Copy(io.Discard, c0); err != nil {
+		t.Fatalf("the stream hijacked before the shutdown did not end: %v", err)
+	}
+	e.shutdown()
+	done := make(chan struct{})
+	go func() { e.srv.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Wait did not return after the shutdown")
+	}
 }
 
 // A hijacked stream carries the heartbeat comment (6.3).
