@@ -35,12 +35,12 @@ mkdir -p "$out/peer"
 peerload="$out/peer/load/peerload"
 
 ref_pid=""
-our_pid=""
+allinone_pid="" # set by start_allinone
 cleanup() {
   [[ -n "$ref_pid" ]] && kill "$ref_pid" 2>/dev/null || true
-  if [[ -n "$our_pid" ]]; then
-    kill "$our_pid" 2>/dev/null || true
-    wait "$our_pid" 2>/dev/null || true
+  if [[ -n "$allinone_pid" ]]; then
+    kill "$allinone_pid" 2>/dev/null || true
+    wait "$allinone_pid" 2>/dev/null || true
   fi
 }
 trap cleanup EXIT
@@ -68,23 +68,11 @@ kill "$ref_pid" 2>/dev/null || true
 ref_pid=""
 
 echo "== telorunner: start the all-in-one on $our_port"
-rm -rf "$out/telorunner-data"
-PORT="$our_port" RUNNER_DATA_DIR="$out/telorunner-data" \
-  RUNNER_KERNEL_COMMAND="$bin/devkernel" RUNNER_WORKSPACE_SERVER_COMMAND="$bin/workspace-server" \
-  RUNNER_MAX_SESSIONS="${RUNNER_MAX_SESSIONS:-4096}" RUNNER_EXIT_TTL_MS="${RUNNER_EXIT_TTL_MS:-60000}" \
-  "$bin/telorunner" >"$out/telorunner.log" 2>&1 </dev/null &
-our_pid=$!
-for _ in $(seq 1 300); do
-  if ! kill -0 "$our_pid" 2>/dev/null; then
-    echo "bench-peer: telorunner exited during startup; see $out/telorunner.log" >&2
-    tail -n 20 "$out/telorunner.log" >&2
-    exit 1
-  fi
-  curl -fsS -m 1 "http://127.0.0.1:$our_port/v1/health" >/dev/null 2>&1 && break
-  sleep 0.1
-done
+# shellcheck source=bench/peer/allinone.sh
+. "$root/bench/peer/allinone.sh"
+start_allinone "$our_port" "$out/telorunner-data" "$out/telorunner.log"
 # devkernel reports the peer's progress events as debug frames: --inspect.
-runs telorunner "$our_pid" "$our_port" --image "$image" --inspect
+runs telorunner "$allinone_pid" "$our_port" --image "$image" --inspect
 
 echo
 echo "== ratios (ours ÷ reference; JSON under $out)"

@@ -20,19 +20,11 @@ peerload="$out/peer/load/peerload"
 port="${PORT:-18063}"
 [[ -x "$peerload" ]] || { echo "probe: no $peerload (run make bench-peer once)" >&2; exit 1; }
 
-data="$out/probe-data"
-rm -rf "$data"
-RUNNER_PPROF=true PORT="$port" RUNNER_DATA_DIR="$data" \
-  RUNNER_KERNEL_COMMAND="$bin/devkernel" RUNNER_WORKSPACE_SERVER_COMMAND="$bin/workspace-server" \
-  RUNNER_MAX_SESSIONS="${RUNNER_MAX_SESSIONS:-4096}" RUNNER_EXIT_TTL_MS="${RUNNER_EXIT_TTL_MS:-60000}" \
-  "$bin/telorunner" >"$out/probe.log" 2>&1 </dev/null &
-pid=$!
-trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true' EXIT
-for _ in $(seq 1 300); do
-  kill -0 "$pid" 2>/dev/null || { echo "probe: telorunner exited; see $out/probe.log" >&2; exit 1; }
-  curl -fsS -m 1 "http://127.0.0.1:$port/v1/health" >/dev/null 2>&1 && break
-  sleep 0.1
-done
+# shellcheck source=bench/peer/allinone.sh
+. "$root/bench/peer/allinone.sh"
+trap 'kill "${allinone_pid:-}" 2>/dev/null || true; wait "${allinone_pid:-}" 2>/dev/null || true' EXIT
+RUNNER_PPROF=true start_allinone "$port" "$out/probe-data" "$out/probe.log"
+pid=$allinone_pid
 
 # stat: utime stime cutime cstime (clock ticks) and minor faults.
 stat() { awk '{print $14, $15, $16, $17, $10}' "/proc/$pid/stat"; }

@@ -82,12 +82,15 @@ func newEdge(t testing.TB, ns *testkit.Server, cfg config.Config, edgeID string)
 	s := New(sctx, Options{Config: cfg, NC: nc, Store: store, Logger: slog.New(slog.DiscardHandler), EdgeID: edgeID, Reuse: rl.Reuse})
 	hs.Config.Handler = s
 	hs.Start()
-	t.Cleanup(func() {
+	shutdown := func() {
 		scancel() // ends open streams first, so Close does not wait on them
 		hs.Close()
+	}
+	t.Cleanup(func() {
+		shutdown()
 		s.Wait()
 	})
-	return &testEnv{url: hs.URL, ns: ns, js: js, store: store, cfg: cfg, driver: driver, driverNC: driverNC, srv: s, cancel: scancel, shutdown: func() { scancel(); hs.Close() }}
+	return &testEnv{url: hs.URL, ns: ns, js: js, store: store, cfg: cfg, driver: driver, driverNC: driverNC, srv: s, cancel: scancel, shutdown: shutdown}
 }
 
 type response struct {
